@@ -1,0 +1,257 @@
+"""Frozen configuration dataclasses for every part of a ScaleRL run.
+
+Experiments are Python files that build an :class:`ExperimentConfig`; command-line overrides map
+onto these fields. Defaults follow ../shared/RECIPE.md (the 8B recipe) unless a field says otherwise;
+the tiny CPU preset lives in :mod:`scalerl_jax.models.presets` and ``experiments/math_8b.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["float32", "bfloat16"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style RoPE frequency scaling (HF ``rope_scaling`` with ``rope_type: llama3``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a Llama-style decoder.
+
+    ``head_dtype`` is the LM-head precision; ScaleRL's FP32-logits fix means it is float32 except in the
+    bf16-head leave-one-out ablation.
+    """
+
+    vocab_size: int = 128256
+    d_model: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    ffn_dim: int = 14336
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = False
+    max_seq_len: int = 16384
+    dtype: DType = "bfloat16"  # activation / matmul compute dtype
+    param_dtype: DType = "float32"  # storage dtype of the master weights
+    head_dtype: DType = "float32"  # LM head; float32 is the ScaleRL fix
+    remat: bool = True  # rematerialise each layer in the backward pass
+    attn_chunk: int = 2048  # query-block size of the memory-bounded attention
+    bos_token_id: int | None = 128000
+    eos_token_id: int | None = 128001
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
+            _check(getattr(self, name) > 0, f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
+        _check(
+            self.n_heads % self.n_kv_heads == 0,
+            f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})",
+        )
+        for name in ("dtype", "param_dtype", "head_dtype"):
+            _check(getattr(self, name) in ("float32", "bfloat16"), f"ModelConfig.{name} must be float32|bfloat16")
+
+    def num_params(self) -> int:
+        """Total parameter count (embeddings and head included)."""
+        d, f, l = self.d_model, self.ffn_dim, self.n_layers
+        attn = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        per_layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + l * per_layer + d + head
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token at context ``seq_len``: 2 x matmul weights (layers and LM head; the
+        embedding is a gather) plus causal attention (QK^T and AV over on average seq_len / 2 keys)."""
+        d, f = self.d_model, self.ffn_dim
+        per_layer = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads) + 3 * d * f
+        matmul = self.n_layers * per_layer + self.vocab_size * d
+        attn = 2 * self.n_layers * self.n_heads * self.head_dim * seq_len
+        return 2.0 * matmul + attn
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh shape. The product of the axes must equal the number of devices used."""
+
+    data: int = 1
+    fsdp: int = -1  # -1: whatever is left of the device count
+    tensor: int = 1
+    expert: int = 1  # reserved for the MoE model
+
+    AXES = ("data", "fsdp", "tensor", "expert")
+
+    def resolve(self, n_devices: int) -> dict[str, int]:
+        """Return concrete axis sizes for ``n_devices``, filling a single -1 axis; clear error otherwise."""
+        sizes = {a: getattr(self, a) for a in self.AXES}
+        free = [a for a, s in sizes.items() if s == -1]
+        _check(len(free) <= 1, f"MeshConfig: at most one axis may be -1, got {free}")
+        for a, s in sizes.items():
+            _check(s == -1 or s >= 1, f"MeshConfig.{a} must be >= 1 or -1, got {s}")
+        fixed = 1
+        for a, s in sizes.items():
+            if s != -1:
+                fixed *= s
+        if free:
+            _check(
+                n_devices % fixed == 0,
+                f"MeshConfig {sizes}: the fixed axes multiply to {fixed}, which does not divide the "
+                f"{n_devices} available devices",
+            )
+            sizes[free[0]] = n_devices // fixed
+        total = 1
+        for s in sizes.values():
+            total *= s
+        _check(
+            total == n_devices,
+            f"MeshConfig {sizes}: axes multiply to {total} but {n_devices} devices are available",
+        )
+        return sizes
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Policy loss and advantage settings (RECIPE.md section 2)."""
+
+    kind: Literal["cispo", "gspo", "dapo", "grpo"] = "cispo"
+    eps_max: float = 5.0  # CISPO: absolute cap on the token IS ratio
+    eps_low: float = 0.2  # DAPO/GRPO lower clip; GSPO uses 3e-3 (see gspo preset)
+    eps_high: float = 0.28  # DAPO upper clip (GRPO: 0.2; GSPO: 5e-3)
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    normalization: Literal["batch", "prompt", "none"] = "batch"
+    filter_zero_variance: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.kind in ("cispo", "gspo", "dapo", "grpo"), f"LossConfig.kind: unknown {self.kind!r}")
+        _check(self.aggregation in ("prompt", "sample", "token"), f"LossConfig.aggregation: {self.aggregation!r}")
+        _check(self.normalization in ("batch", "prompt", "none"), f"LossConfig.normalization: {self.normalization!r}")
+        _check(self.eps_max > 0, f"LossConfig.eps_max must be > 0, got {self.eps_max}")
+
+
+def grpo_loss() -> LossConfig:
+    return LossConfig(kind="grpo", eps_low=0.2, eps_high=0.2, aggregation="sample", normalization="prompt")
+
+
+def dapo_loss() -> LossConfig:
+    return LossConfig(kind="dapo", eps_low=0.2, eps_high=0.28, aggregation="prompt", normalization="batch")
+
+
+def gspo_loss() -> LossConfig:
+    return LossConfig(kind="gspo", eps_low=3e-3, eps_high=5e-3, aggregation="sample", normalization="batch")
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    """Length control (RECIPE.md section 4)."""
+
+    kind: Literal["interruption", "penalty", "none"] = "interruption"
+    think_budget_lo: int = 10240
+    think_budget_hi: int = 12288
+    answer_budget: int = 2048
+    think_end: str = "</think>"
+    interruption_text: str = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+    penalty_max_len: int = 14336  # DAPO L_max
+    penalty_cache: int = 2048  # DAPO L_cache
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Generation and the asynchronous schedule (RECIPE.md section 3)."""
+
+    mode: Literal["pipeline", "ppo_off_policy"] = "pipeline"
+    k: int = 8  # max staleness (pipeline) / minibatches per round (ppo_off_policy)
+    prompts_per_batch: int = 48
+    group_size: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_prompt_len: int = 2048
+    max_new_tokens: int = 14336
+    decode_chunk: int = 8  # tokens decoded between possible weight swaps
+    length: LengthConfig = field(default_factory=LengthConfig)
+    engine: Literal["embedded", "sglang"] = "embedded"
+    sglang_urls: tuple[str, ...] = ()
+    n_generators: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("pipeline", "ppo_off_policy"), f"RolloutConfig.mode: unknown {self.mode!r}")
+        _check(self.k >= 1, f"RolloutConfig.k must be >= 1, got {self.k}")
+        _check(self.group_size >= 2, f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
+        _check(self.temperature > 0, f"RolloutConfig.temperature must be > 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt source, validation split and the No-Positive-Resampling curriculum."""
+
+    source: Literal["arith", "jsonl"] = "jsonl"
+    path: str = ""
+    val_size: int = 1000
+    seed: int = 0
+    npr: bool = True
+    npr_threshold: float = 0.9
+    skip_malformed: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser, schedule and run-length settings (8B defaults from RECIPE.md section 2)."""
+
+    lr: float = 5e-7
+    warmup_steps: int = 100
+    schedule: Literal["constant", "cosine"] = "constant"
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-15
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    steps: int = 1000
+    microbatches: int = 1  # gradient accumulation
+    eval_every: int = 100
+    eval_samples: int = 16
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
+        _check(self.microbatches >= 1, f"TrainConfig.microbatches must be >= 1, got {self.microbatches}")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one run needs."""
+
+    name: str = "scalerl"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out_dir: str = "runs/scalerl"
+
+
+def replace(cfg, **changes):
+    """``dataclasses.replace`` re-exported so experiments need one import."""
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up .venv (with the test extra: pytest, hypothesis, torch CPU, transformers, sglang-router) and run all tests.
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "test"
+set +e
+.venv/bin/python -m pytest tests "$@"
+rc=$?
+# pytest exits 5 when no test ran: that is a failure here, not a pass.
+if [ "$rc" -eq 5 ]; then echo "[test] no tests ran"; exit 1; fi
+exit "$rc"

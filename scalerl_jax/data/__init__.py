@@ -1,0 +1,62 @@
+"""Prompts and tokens: tokenizers, the synthetic arithmetic task, jsonl math sets and the training pipeline."""
+
+from scalerl_jax.data.jsonl import (
+    DEFAULT_TEMPLATE,
+    DataError,
+    extract_gold,
+    hash_answer,
+    last_boxed,
+    load_jsonl,
+    make_prompt,
+)
+from scalerl_jax.data.pipeline import (
+    AllPromptsRemovedError,
+    PromptData,
+    PromptIterator,
+    build_prompt_data,
+    epoch_seed,
+    from_config,
+    split_problems,
+)
+from scalerl_jax.data.tasks import (
+    ARITH_SPACE,
+    THINK_MARKER,
+    Problem,
+    arith_id,
+    arith_problem,
+    arith_problems,
+    arith_split,
+    arith_triple,
+    split_thinking,
+)
+from scalerl_jax.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, TokenizerError
+
+__all__ = [
+    "ARITH_SPACE",
+    "AllPromptsRemovedError",
+    "CharTokenizer",
+    "DEFAULT_TEMPLATE",
+    "DataError",
+    "HFTokenizer",
+    "Problem",
+    "PromptData",
+    "PromptIterator",
+    "THINK_MARKER",
+    "Tokenizer",
+    "TokenizerError",
+    "arith_id",
+    "arith_problem",
+    "arith_problems",
+    "arith_split",
+    "arith_triple",
+    "build_prompt_data",
+    "epoch_seed",
+    "extract_gold",
+    "from_config",
+    "hash_answer",
+    "last_boxed",
+    "load_jsonl",
+    "make_prompt",
+    "split_problems",
+    "split_thinking",
+]

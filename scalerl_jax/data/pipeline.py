@@ -1,0 +1,216 @@
+"""Training prompt stream and validation set.
+
+:class:`PromptIterator` yields training problems forever, one shuffled epoch after another. Each epoch is a
+``grain.MapDataset`` over the prompts still active at the epoch's start, shuffled with a seed derived from
+``(seed, epoch)``; the No-Positive-Resampling curriculum (anything with ``filter(prompt_ids) -> list`` of the active
+ids, e.g. :class:`scalerl_jax.data.curriculum.NPRCurriculum`) is consulted only at epoch boundaries, so prompts it
+removes never appear in a later epoch, while the current epoch is left untouched.
+
+The iterator state is a small JSON-serialisable dict: ``epoch``, ``position`` (prompts consumed in that epoch)
+and ``excluded`` (ids inactive at that epoch's start, None before the first epoch starts). Restoring it together
+with the curriculum's own state continues with exactly the same next prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grain
+import numpy as np
+
+from scalerl_jax.data.jsonl import DEFAULT_TEMPLATE, load_jsonl
+from scalerl_jax.data.tasks import Problem, arith_split
+
+_SALT = 0x5045504F  # separates the epoch-shuffle stream from other users of the same seed
+
+
+class AllPromptsRemovedError(RuntimeError):
+    """Every training prompt has been removed by the curriculum: there is nothing left to train on."""
+
+
+class Curriculum(Protocol):
+    """The part of the curriculum the pipeline uses."""
+
+    def filter(self, prompt_ids: Sequence[int]) -> list[int]: ...
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of ``epoch`` (a 32-bit integer derived from ``(seed, epoch)``)."""
+    return int(np.random.SeedSequence([int(seed), int(epoch), _SALT]).generate_state(1)[0])
+
+
+class PromptIterator:
+    """Infinite, deterministic, resumable iterator over training problems (see the module docstring).
+
+    ``problems`` must have distinct ``prompt_id``s. ``curriculum`` may be None (no prompt is ever removed).
+    """
+
+    def __init__(self, problems: Sequence[Problem], seed: int, curriculum: Curriculum | None = None) -> None:
+        self._problems = list(problems)
+        if not self._problems:
+            raise ValueError("PromptIterator: no training problems")
+        ids = [p.prompt_id for p in self._problems]
+        if len(set(ids)) != len(ids):
+            raise ValueError("PromptIterator: prompt_ids must be distinct")
+        self._by_id = {p.prompt_id: p for p in self._problems}
+        self.seed = int(seed)
+        self.curriculum = curriculum
+        self._epoch = 0
+        self._position = 0
+        self._excluded: list[int] | None = None
+        self._order: grain.MapDataset | None = None
+
+    # -- epochs ------------------------------------------------------------------------------------------------
+    def _build_epoch(self) -> None:
+        assert self._excluded is not None
+        excluded = set(self._excluded)
+        active = [p for p in self._problems if p.prompt_id not in excluded]
+        if not active:
+            raise AllPromptsRemovedError(
+                f"PromptIterator: all {len(self._problems)} training prompts have been removed by the curriculum "
+                f"at the start of epoch {self._epoch}; nothing is left to train on"
+            )
+        self._order = grain.MapDataset.source(active).shuffle(seed=epoch_seed(self.seed, self._epoch))
+
+    def _begin_epoch(self, epoch: int) -> None:
+        self._epoch, self._position = epoch, 0
+        ids = [p.prompt_id for p in self._problems]
+        if self.curriculum is None:
+            self._excluded = []
+        else:
+            active = set(self.curriculum.filter(ids))
+            self._excluded = sorted(i for i in ids if i not in active)
+        self._build_epoch()
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return self._epoch
+
+    @property
+    def epoch_size(self) -> int:
+        """Number of prompts in the current epoch (starting it if needed)."""
+        if self._order is None:
+            self._begin_epoch(self._epoch)
+        return len(self._order)
+
+    # -- iteration ---------------------------------------------------------------------------------------------
+    def __iter__(self) -> PromptIterator:
+        return self
+
+    def __next__(self) -> Problem:
+        if self._order is None:
+            self._begin_epoch(self._epoch)
+        if self._position >= len(self._order):
+            self._begin_epoch(self._epoch + 1)
+        p = self._order[self._position]
+        self._position += 1
+        return p
+
+    def next_batch(self, n: int) -> list[Problem]:
+        """The next ``n`` problems (crossing epoch boundaries as needed)."""
+        return [next(self) for _ in range(n)]
+
+    # -- checkpointing -----------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the position in the stream."""
+        return {
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "position": self._position,
+            "excluded": None if self._excluded is None else list(self._excluded),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`get_state` snapshot (restore the curriculum's state separately)."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"PromptIterator.set_state: state is for seed {state['seed']}, iterator has {self.seed}")
+        excluded = state["excluded"]
+        if excluded is not None:
+            unknown = [i for i in excluded if i not in self._by_id]
+            if unknown:
+                raise ValueError(f"PromptIterator.set_state: excluded ids not in the problem set: {unknown[:5]}")
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        self._excluded = None if excluded is None else [int(i) for i in excluded]
+        self._order = None
+        if self._excluded is not None:
+            self._build_epoch()
+            if self._position > len(self._order):
+                raise ValueError(
+                    f"PromptIterator.set_state: position {self._position} is past the epoch size {len(self._order)}"
+                )
+
+
+@dataclass(frozen=True)
+class PromptData:
+    """Training problems (iterate with :meth:`train_iterator`) and the held-out validation set (fixed order)."""
+
+    train: list[Problem]
+    val: list[Problem]
+    seed: int = 0
+
+    def train_iterator(self, curriculum: Curriculum | None = None, seed: int | None = None) -> PromptIterator:
+        """A fresh :class:`PromptIterator` over the training problems."""
+        return PromptIterator(self.train, self.seed if seed is None else seed, curriculum)
+
+    def val_batches(self, batch_size: int) -> list[list[Problem]]:
+        """The validation set in its fixed order, cut into batches (the last may be shorter)."""
+        if batch_size <= 0:
+            raise ValueError(f"val_batches: batch_size must be > 0, got {batch_size}")
+        return [self.val[i : i + batch_size] for i in range(0, len(self.val), batch_size)]
+
+
+def split_problems(problems: Sequence[Problem], val_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """Deterministic disjoint ``(train, val)`` split of a problem list: ``val_size`` problems chosen by ``seed``
+    (validation sorted by prompt_id; training keeps the original order). Problems sharing a prompt text are
+    kept on the same side, so no validation prompt is ever trained on."""
+    groups: dict[str, list[Problem]] = {}
+    for p in problems:
+        groups.setdefault(p.prompt, []).append(p)
+    keys = list(groups)
+    if not 0 <= val_size < len(keys):
+        raise ValueError(
+            f"split_problems: val_size must be in [0, {len(keys)}) for {len(keys)} distinct prompts, got {val_size}"
+        )
+    perm = np.random.default_rng(np.random.SeedSequence([int(seed), _SALT + 1])).permutation(len(keys))
+    val_keys = {keys[i] for i in perm[:val_size]}
+    val = sorted((p for k in val_keys for p in groups[k]), key=lambda p: p.prompt_id)
+    train = [p for p in problems if p.prompt not in val_keys]
+    return train, val
+
+
+def build_prompt_data(
+    source: str,
+    *,
+    path: str = "",
+    val_size: int = 1000,
+    seed: int = 0,
+    skip_malformed: bool = False,
+    n_train: int | None = None,
+    template: str = DEFAULT_TEMPLATE,
+) -> PromptData:
+    """Training and validation problems for ``source`` ``"arith"`` (the synthetic task; ``n_train`` None = all
+    remaining problems) or ``"jsonl"`` (the file at ``path``). Arguments mirror :class:`scalerl_jax.config.DataConfig`
+    (see :func:`from_config`)."""
+    if source == "arith":
+        train, val = arith_split(n_train, val_size, seed)
+    elif source == "jsonl":
+        if not path:
+            raise ValueError("build_prompt_data: source 'jsonl' needs a path")
+        problems, _ = load_jsonl(path, template=template, skip_malformed=skip_malformed)
+        train, val = split_problems(problems, val_size, seed)
+        if n_train is not None:
+            train = train[:n_train]
+    else:
+        raise ValueError(f"build_prompt_data: unknown source {source!r} (expected 'arith' or 'jsonl')")
+    return PromptData(train=train, val=val, seed=seed)
+
+
+def from_config(cfg, **kwargs) -> PromptData:
+    """:func:`build_prompt_data` from a :class:`scalerl_jax.config.DataConfig` (extra keyword arguments such as
+    ``n_train`` or ``template`` pass through)."""
+    return build_prompt_data(
+        cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed, **kwargs
+    )

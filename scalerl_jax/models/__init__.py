@@ -1,0 +1,21 @@
+"""Models: the dense Llama decoder, presets and HF checkpoint I/O."""
+
+from scalerl_jax.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
+from scalerl_jax.models.llama import (
+    abstract_params,
+    forward,
+    forward_cached,
+    forward_hidden,
+    head_weight,
+    init_cache,
+    init_params,
+    lm_logits,
+    param_axes,
+)
+from scalerl_jax.models.presets import get_preset, llama3_8b, llama_100m, tiny
+
+__all__ = [
+    "CheckpointError", "abstract_params", "forward", "forward_cached", "forward_hidden", "get_preset",
+    "head_weight", "init_cache", "init_params", "llama3_8b", "llama_100m", "lm_logits", "load_hf_checkpoint",
+    "param_axes", "save_hf_checkpoint", "tiny",
+]

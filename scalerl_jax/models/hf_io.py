@@ -1,0 +1,331 @@
+"""HF ``LlamaForCausalLM`` checkpoints (config.json + single or sharded safetensors) <-> our params.
+
+The safetensors container is read and written here directly (header JSON + raw little-endian bytes,
+memory-mapped on read) so bfloat16 tensors need no torch; ``ml_dtypes`` gives NumPy its bfloat16.
+What we write loads in transformers and SGLang (tests check transformers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.models.llama import Params, param_shapes
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is unreadable or does not match what the config says; the message names the file,
+    tensor or field and the expected vs found value."""
+
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+SUPPORTED_ARCHS = ("LlamaForCausalLM",)
+
+
+# ---- safetensors container -------------------------------------------------------------------------
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All tensors of one .safetensors file as (memory-mapped) NumPy arrays."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+    size = path.stat().st_size
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info.get("dtype") not in _DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
+        begin, end = info["data_offsets"]
+        dt = np.dtype(_DTYPES[info["dtype"]])
+        if 8 + n + end > size or (end - begin) != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
+            raise CheckpointError(f"{path}: tensor {name!r} is truncated or its offsets are inconsistent")
+        out[name] = mm[8 + n + begin : 8 + n + end].view(dt).reshape(info["shape"])
+    return out
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """Write tensors to one .safetensors file (atomically: a temp file renamed into place)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    arrays = []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype not in _NAMES:
+            raise CheckpointError(f"cannot write tensor {name!r} of dtype {a.dtype}")
+        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        arrays.append(a)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for a in arrays:
+            f.write(a.tobytes())
+    os.replace(tmp, path)
+
+
+# ---- config ----------------------------------------------------------------------------------------
+
+
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """ModelConfig from an HF Llama config dict (transformers 4 ``rope_scaling`` or 5 ``rope_parameters``)."""
+    archs = hf.get("architectures")
+    if archs is not None and not any(a in SUPPORTED_ARCHS for a in archs):
+        raise CheckpointError(f"{source}: field 'architectures' expected one of {SUPPORTED_ARCHS}, found {archs}")
+    if archs is None and hf.get("model_type") != "llama":
+        raise CheckpointError(f"{source}: field 'model_type' expected 'llama', found {hf.get('model_type')!r}")
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf.get(flag):
+            raise CheckpointError(f"{source}: field {flag!r} expected false (biases unsupported), found true")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{source}: field 'hidden_act' expected 'silu', found {hf['hidden_act']!r}")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if key not in hf:
+            raise CheckpointError(f"{source}: required field {key!r} is missing")
+    rope = dict(hf.get("rope_parameters") or {})
+    legacy = hf.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rtype = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+    src = rope if rope.get("rope_type") else legacy
+    if rtype == "llama3":
+        scaling = RopeScaling(
+            factor=float(src["factor"]), low_freq_factor=float(src["low_freq_factor"]),
+            high_freq_factor=float(src["high_freq_factor"]),
+            original_max_position_embeddings=int(src["original_max_position_embeddings"]),
+        )
+    elif rtype == "default":
+        scaling = None
+    else:
+        raise CheckpointError(f"{source}: field 'rope_type' expected 'default' or 'llama3', found {rtype!r}")
+    n_heads = hf["num_attention_heads"]
+    dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+    eos = hf.get("eos_token_id")
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, ffn_dim=hf["intermediate_size"],
+        rope_theta=float(theta), rope_scaling=scaling, rms_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_seq_len=int(hf.get("max_position_embeddings", 8192)),
+        dtype="bfloat16" if dtype == "bfloat16" else "float32", param_dtype="float32",
+        bos_token_id=hf.get("bos_token_id"), eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """HF LlamaConfig dict for ``cfg`` (both the transformers-5 and the legacy RoPE fields)."""
+    rope_params: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    legacy_scaling = None
+    if cfg.rope_scaling is not None:
+        rs = cfg.rope_scaling
+        legacy_scaling = {
+            "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
+            "high_freq_factor": rs.high_freq_factor,
+            "original_max_position_embeddings": rs.original_max_position_embeddings,
+        }
+        rope_params.update(legacy_scaling)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.ffn_dim,
+        "hidden_act": "silu", "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta,
+        "rope_scaling": legacy_scaling, "rope_parameters": rope_params,
+        "max_position_embeddings": cfg.max_seq_len, "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False, "mlp_bias": False, "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": dtype, "dtype": dtype,
+        "use_cache": True,
+    }
+
+
+# ---- tensor name mapping ----------------------------------------------------------------------------
+# (our layer key, HF suffix, to_hf(ours) -> torch-layout, from_hf(torch, cfg) -> ours)
+_LAYER_MAP = [
+    ("attn_norm", "input_layernorm.weight"),
+    ("wq", "self_attn.q_proj.weight"),
+    ("wk", "self_attn.k_proj.weight"),
+    ("wv", "self_attn.v_proj.weight"),
+    ("wo", "self_attn.o_proj.weight"),
+    ("mlp_norm", "post_attention_layernorm.weight"),
+    ("w_gate", "mlp.gate_proj.weight"),
+    ("w_up", "mlp.up_proj.weight"),
+    ("w_down", "mlp.down_proj.weight"),
+]
+
+
+def _to_hf_layout(key: str, w: np.ndarray) -> np.ndarray:
+    """Our per-layer tensor -> torch Linear layout [out, in]."""
+    if key in ("wq", "wk", "wv"):  # [D, H, Dh] -> [H*Dh, D]
+        return w.reshape(w.shape[0], -1).T
+    if key == "wo":  # [H, Dh, D] -> [D, H*Dh]
+        return w.reshape(-1, w.shape[-1]).T
+    if key in ("w_gate", "w_up", "w_down"):  # [in, out] -> [out, in]
+        return w.T
+    return w
+
+
+def _from_hf_layout(key: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if key in ("wq", "wk", "wv"):
+        return w.T.reshape(shape)
+    if key == "wo":
+        return w.T.reshape(shape)
+    if key in ("w_gate", "w_up", "w_down"):
+        return w.T
+    return w
+
+
+def _hf_layer_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if key in ("wq", "wk", "wv"):
+        return (shape[1] * shape[2], shape[0])
+    if key == "wo":
+        return (shape[2], shape[0] * shape[1])
+    if key in ("w_gate", "w_up", "w_down"):
+        return (shape[1], shape[0])
+    return shape
+
+
+def _collect_tensors(path: Path) -> dict[str, tuple[np.ndarray, str]]:
+    index = path / "model.safetensors.index.json"
+    files: list[Path]
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: invalid index ({e})") from e
+        files = [path / f for f in sorted(set(weight_map.values()))]
+    elif (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors files found")
+    out: dict[str, tuple[np.ndarray, str]] = {}
+    for f in files:
+        if not f.exists():
+            raise CheckpointError(f"{f}: listed in model.safetensors.index.json but missing")
+        for name, arr in read_safetensors(f).items():
+            out[name] = (arr, f.name)
+    return out
+
+
+def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") -> tuple[Params, ModelConfig]:
+    """Read an HF LlamaForCausalLM directory (config.json + safetensors, single or sharded).
+
+    Returns (params as NumPy float32 / bfloat16 arrays in our layout, ModelConfig). Every tensor's
+    presence and shape is checked; errors name the tensor and the expected vs found shape.
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path}: config.json not found")
+    try:
+        hf_cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from e
+    cfg = config_from_hf(hf_cfg, str(cfg_file))
+    cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
+    tensors = _collect_tensors(path)
+    np_dt = np.float32 if param_dtype == "float32" else ml_dtypes.bfloat16
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise CheckpointError(f"{path}: tensor {name!r} is missing (expected shape {list(shape)})")
+        arr, fname = tensors[name]
+        if tuple(arr.shape) != tuple(shape):
+            raise CheckpointError(
+                f"{path}/{fname}: tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)}"
+            )
+        return arr
+
+    shapes = param_shapes(cfg)
+    params: Params = {
+        "embed": np.asarray(get("model.embed_tokens.weight", shapes["embed"]), np_dt),
+        "final_norm": np.asarray(get("model.norm.weight", shapes["final_norm"]), np_dt),
+        "layers": {},
+    }
+    if not cfg.tie_embeddings:
+        v, d = shapes["lm_head"][1], shapes["lm_head"][0]
+        params["lm_head"] = np.asarray(get("lm_head.weight", (v, d)).T, np_dt)
+    for key, suffix in _LAYER_MAP:
+        full = shapes["layers"][key]
+        per = full[1:]
+        stacked = np.empty(full, np_dt)
+        for i in range(cfg.n_layers):
+            w = get(f"model.layers.{i}.{suffix}", _hf_layer_shape(key, per))
+            stacked[i] = _from_hf_layout(key, np.asarray(w, np.float32), per).astype(np_dt)
+        params["layers"][key] = stacked
+    return params, cfg
+
+
+def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """Our params -> HF tensor names and torch layouts (NumPy, ``dtype``)."""
+    np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), params)
+    sd = {"model.embed_tokens.weight": host["embed"].astype(np_dt)}
+    for i in range(cfg.n_layers):
+        for key, suffix in _LAYER_MAP:
+            sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt)
+    sd["model.norm.weight"] = host["final_norm"].astype(np_dt)
+    if not cfg.tie_embeddings:
+        sd["lm_head.weight"] = host["lm_head"].T.astype(np_dt)
+    return sd
+
+
+def save_hf_checkpoint(
+    params: Params, cfg: ModelConfig, path: str | os.PathLike, *, dtype: str | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+) -> None:
+    """Write ``params`` as an HF LlamaForCausalLM directory that transformers and SGLang load.
+
+    ``dtype`` defaults to the params' storage dtype. Shards above ``max_shard_bytes`` are split with a
+    ``model.safetensors.index.json``. Files are written to temporary names and renamed into place, so a
+    reader never sees a half-written tensor file.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or cfg.param_dtype
+    sd = hf_state_dict(params, cfg, dtype)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, a in sd.items():
+        if shards[-1] and size + a.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = a
+        size += a.nbytes
+    for stale in list(path.glob("model*.safetensors")) + list(path.glob("model.safetensors.index.json")):
+        stale.unlink()
+    if len(shards) == 1:
+        write_safetensors(shards[0], path / "model.safetensors")
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            write_safetensors(shard, path / fname)
+            weight_map.update({n: fname for n in shard})
+        total = sum(a.nbytes for a in sd.values())
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2))

@@ -1,0 +1,286 @@
+"""Dense Llama decoder as pure functions over a weight pytree.
+
+Dimension legend (shape suffixes on array names):
+    B batch, T time (query positions), S cache slots (key positions), D model width,
+    H query heads, K kv heads, G query heads per kv head (H = K * G), Dh head dim,
+    F ffn width, V vocab, L layers.
+
+Parameters (layers stacked on a leading L axis so the depth is a ``lax.scan``):
+    embed [V, D]; layers: attn_norm [L, D], wq [L, D, H, Dh], wk [L, D, K, Dh], wv [L, D, K, Dh],
+    wo [L, H, Dh, D], mlp_norm [L, D], w_gate [L, D, F], w_up [L, D, F], w_down [L, F, D];
+    final_norm [D]; lm_head [D, V] (absent when embeddings are tied).
+
+The LM head always receives float32 inputs and weights when ``cfg.head_dtype == "float32"`` (the
+ScaleRL FP32-logits fix), for training and for generation alike: both call :func:`lm_logits`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.sharding import constrain
+
+Params = dict[str, Any]
+KVCache = dict[str, jax.Array]  # {"k": [L, B, S, K, Dh], "v": [L, B, S, K, Dh]}
+
+PARAM_AXES: dict[str, Any] = {
+    "embed": ("vocab", "embed"),
+    "layers": {
+        "attn_norm": ("layers", "norm"),
+        "wq": ("layers", "embed", "q_heads", "head_dim"),
+        "wk": ("layers", "embed", "kv_heads", "head_dim"),
+        "wv": ("layers", "embed", "kv_heads", "head_dim"),
+        "wo": ("layers", "q_heads", "head_dim", "embed"),
+        "mlp_norm": ("layers", "norm"),
+        "w_gate": ("layers", "embed", "mlp"),
+        "w_up": ("layers", "embed", "mlp"),
+        "w_down": ("layers", "mlp", "embed"),
+    },
+    "final_norm": ("norm",),
+    "lm_head": ("embed", "vocab"),
+}
+CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+
+
+def _dt(name: str) -> jnp.dtype:
+    return jnp.float32 if name == "float32" else jnp.bfloat16
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names for every parameter of ``cfg`` (same tree structure as the params)."""
+    axes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PARAM_AXES.items()}
+    if cfg.tie_embeddings:
+        axes.pop("lm_head")
+    return axes
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """Shape of every parameter (same tree structure as the params)."""
+    L, D, H, K, Dh, F, V = (
+        cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size,
+    )
+    shapes = {
+        "embed": (V, D),
+        "layers": {
+            "attn_norm": (L, D),
+            "wq": (L, D, H, Dh),
+            "wk": (L, D, K, Dh),
+            "wv": (L, D, K, Dh),
+            "wo": (L, H, Dh, D),
+            "mlp_norm": (L, D),
+            "w_gate": (L, D, F),
+            "w_up": (L, D, F),
+            "w_down": (L, F, D),
+        },
+        "final_norm": (D,),
+        "lm_head": (D, V),
+    }
+    if cfg.tie_embeddings:
+        shapes.pop("lm_head")
+    return shapes
+
+
+def abstract_params(cfg: ModelConfig) -> Params:
+    """ShapeDtypeStructs of the params: AOT compilation without allocating weights."""
+    dt = _dt(cfg.param_dtype)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dt), param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random init: N(0, std) matrices (out-projections scaled by 1/sqrt(2L)), unit norms."""
+    dt = _dt(cfg.param_dtype)
+    shapes = param_shapes(cfg)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(key, len(flat))
+    out = []
+    for (path, shape), k in zip(flat, keys):
+        name = str(path[-1].key)
+        if name.endswith("norm"):
+            out.append(jnp.ones(shape, dt))
+        else:
+            scale = std / math.sqrt(2 * cfg.n_layers) if name in ("wo", "w_down") else std
+            out.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(dt))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# ---- building blocks -------------------------------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm in float32, cast back to the input dtype before the gain (as HF Llama does)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return w.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies [Dh/2], with Llama-3 frequency scaling when configured."""
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv.astype(np.float32)
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * np.pi / inv
+    # long wavelengths are slowed down by `factor`, short ones kept, the band between interpolated
+    scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    mid = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(is_mid, mid, scaled).astype(np.float32)
+
+
+def apply_rope(x_BTHD: jax.Array, pos_BT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE (HF convention: the two halves of the head dim form the complex pairs)."""
+    ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    cos = jnp.cos(jnp.concatenate([ang_BTF, ang_BTF], -1))[:, :, None, :]
+    sin = jnp.sin(jnp.concatenate([ang_BTF, ang_BTF], -1))[:, :, None, :]
+    x = x_BTHD.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x * cos + rot * sin).astype(x_BTHD.dtype)
+
+
+def _attend(q_BTKGD, k_BSKD, v_BSKD, mask_BTS) -> jax.Array:
+    """Softmax attention in float32 for one block of queries; returns [B, T, K, G, Dh]."""
+    scale = 1.0 / math.sqrt(q_BTKGD.shape[-1])
+    s = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(mask_BTS[:, None, None], s, jnp.finfo(jnp.float32).min)
+    p = jax.nn.softmax(s, axis=-1).astype(v_BSKD.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", p, v_BSKD)
+
+
+def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int) -> jax.Array:
+    """Causal GQA attention (key s visible to query t iff kpos <= qpos), memory-bounded: queries are
+    processed in blocks of ``chunk`` under ``jax.checkpoint`` so neither the forward nor the backward
+    pass holds a full [T, S] score matrix for long sequences."""
+    B, T, H, Dh = q_BTHD.shape
+    K = k_BSKD.shape[2]
+    q = q_BTHD.reshape(B, T, K, H // K, Dh)
+    if T <= chunk or T % chunk != 0:
+        mask = kpos_BS[:, None, :] <= qpos_BT[:, :, None]
+        return _attend(q, k_BSKD, v_BSKD, mask).reshape(B, T, H, Dh)
+    n = T // chunk
+    q_NBCKGD = jnp.moveaxis(q.reshape(B, n, chunk, K, H // K, Dh), 1, 0)
+    qpos_NBC = jnp.moveaxis(qpos_BT.reshape(B, n, chunk), 1, 0)
+
+    @jax.checkpoint
+    def block(args):
+        qb, qp = args
+        return _attend(qb, k_BSKD, v_BSKD, kpos_BS[:, None, :] <= qp[:, :, None])
+
+    out = jax.lax.map(block, (q_NBCKGD, qpos_NBC))
+    return jnp.moveaxis(out, 0, 1).reshape(B, T, H, Dh)
+
+
+def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
+    """One decoder layer. ``kv``: optional (cache_k [B,S,K,Dh], cache_v) to write into and attend over."""
+    dt = _dt(cfg.dtype)
+    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, lp["wq"].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", h, lp["wk"].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", h, lp["wv"].astype(dt))
+    q = constrain(apply_rope(q, pos_BT, inv_freq), ("batch", "seq", "q_heads", "head_dim"))
+    k = apply_rope(k, pos_BT, inv_freq)
+    if kv is None:
+        o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk)
+        new_kv = None
+    else:
+        ck, cv = kv
+        b_idx = jnp.arange(x_BTD.shape[0])[:, None]
+        ck = ck.at[b_idx, pos_BT].set(k.astype(ck.dtype))
+        cv = cv.at[b_idx, pos_BT].set(v.astype(cv.dtype))
+        slots = jnp.broadcast_to(jnp.arange(ck.shape[1]), (x_BTD.shape[0], ck.shape[1]))
+        o = attention(q, ck.astype(dt), cv.astype(dt), pos_BT, slots, max(cfg.attn_chunk, q.shape[1]))
+        new_kv = (ck, cv)
+    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", o, lp["wo"].astype(dt))
+    x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
+    h = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_eps)
+    g = jnp.einsum("btd,df->btf", h, lp["w_gate"].astype(dt))
+    u = jnp.einsum("btd,df->btf", h, lp["w_up"].astype(dt))
+    a = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
+    x_BTD = x_BTD + jnp.einsum("btf,fd->btd", a, lp["w_down"].astype(dt))
+    return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
+
+
+def _embed(params: Params, tokens_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
+    x = jnp.take(params["embed"], tokens_BT, axis=0).astype(_dt(cfg.dtype))
+    return constrain(x, ("batch", "seq", "act_embed"))
+
+
+def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, positions_BT=None) -> jax.Array:
+    """Final-norm hidden states [B, T, D] (compute dtype) for a causal pass without a cache."""
+    B, T = tokens_BT.shape
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
+    inv_freq = rope_inv_freq(cfg)
+
+    def body(x, lp):
+        return _layer(x, lp, pos, cfg, inv_freq)[0], None
+
+    if cfg.remat:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    x, _ = jax.lax.scan(body, _embed(params, tokens_BT, cfg), params["layers"])
+    return rms_norm(x, params["final_norm"], cfg.rms_eps)
+
+
+def head_weight(params: Params, cfg: ModelConfig) -> jax.Array:
+    """The LM head as [D, V] (the transposed embedding when tied)."""
+    return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Logits from final hidden states, always returned as float32.
+
+    ``head_dtype == "float32"``: inputs and weights are cast to float32 before the matmul (the ScaleRL
+    fix). ``"bfloat16"``: the matmul runs in bfloat16 (the ablation), then the result is cast up.
+    """
+    hdt = _dt(cfg.head_dtype)
+    w = head_weight(params, cfg).astype(hdt)
+    logits = jnp.einsum("...d,dv->...v", hidden.astype(hdt), w, preferred_element_type=hdt)
+    return logits.astype(jnp.float32)
+
+
+def forward(params: Params, tokens_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Float32 logits [B, T, V] of a causal pass over ``tokens_BT``."""
+    return lm_logits(params, forward_hidden(params, tokens_BT, cfg), cfg)
+
+
+# ---- KV-cache interface for the generation engine --------------------------------------------------
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
+    """A zeroed KV cache of ``max_len`` slots per sequence."""
+    dt = _dt(dtype or cfg.dtype)
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+
+
+def forward_cached(
+    params: Params, tokens_BT: jax.Array, positions_BT: jax.Array, cache: KVCache, cfg: ModelConfig
+) -> tuple[jax.Array, KVCache]:
+    """Run ``tokens_BT`` at absolute ``positions_BT`` (per row), writing their keys/values into cache
+    slot = position and attending to every slot <= the query position.
+
+    Prefill is a call with positions 0..T-1 (right padding is harmless: a pad's slot is overwritten by
+    the real token decoded at that position before any query can see it); decode is a call with T = 1.
+    Rows advance independently, so a batch may mix sequences of different lengths. Returns final-norm
+    hidden states [B, T, D] (feed the positions you need to :func:`lm_logits`) and the updated cache.
+    """
+    inv_freq = rope_inv_freq(cfg)
+
+    def body(x, xs):
+        lp, ck, cv = xs
+        x, (ck, cv) = _layer(x, lp, positions_BT, cfg, inv_freq, (ck, cv))
+        return x, (ck, cv)
+
+    x, (k, v) = jax.lax.scan(body, _embed(params, tokens_BT, cfg), (params["layers"], cache["k"], cache["v"]))
+    return rms_norm(x, params["final_norm"], cfg.rms_eps), {"k": k, "v": v}

@@ -1,0 +1,119 @@
+"""The pure train step: ``train_step(state, batch) -> (state, metrics)``, jitted with explicit shardings.
+
+The loss is a parameter: ``loss_fn(params, batch) -> (loss, aux)``. If ``aux`` carries ``"update_ok"``
+(a boolean scalar; e.g. False when the batch holds NaNs or every group was filtered), the step is
+skipped when it is False. A step is also skipped when the loss or the gradient is non-finite. A skipped
+step returns the previous params and optimiser state bit for bit and reports ``skipped = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from scalerl_jax import sharding as shd
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models.llama import abstract_params, param_axes
+
+LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # int32 scalar: number of applied (not skipped) updates
+    params: Any
+    opt_state: Any
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
+def _split_micro(batch: dict[str, jax.Array], m: int) -> dict[str, jax.Array]:
+    def split(a):
+        if a.shape[0] % m:
+            raise ValueError(f"batch dimension {a.shape[0]} is not divisible by microbatches={m}")
+        return a.reshape(m, a.shape[0] // m, *a.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(
+    loss_fn: LossFn, optimizer: optax.GradientTransformation, microbatches: int = 1
+) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+    """Build the pure step. With ``microbatches > 1`` the batch's leading dimension is split and the
+    gradients (and aux metrics) are averaged over a ``lax.scan``; activations of one micro-batch at a time."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def compute(params, batch):
+        if microbatches == 1:
+            return grad_fn(params, batch)
+        micro = _split_micro(batch, microbatches)
+
+        def body(acc, mb):
+            (loss, aux), g = grad_fn(params, mb)
+            return jax.tree.map(jnp.add, acc, (loss, aux, g)), None
+
+        (loss0, aux0), g0 = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, g0))
+        zeros = (zeros[0], zeros[1], jax.tree.map(lambda z, p: z.astype(p.dtype), zeros[2], params))
+        (loss, aux, g), _ = jax.lax.scan(body, zeros, micro)
+        inv = 1.0 / microbatches
+        aux = {k: (v if v.dtype == jnp.bool_ else v * inv) for k, v in aux.items()}
+        return (loss * inv, aux), jax.tree.map(lambda x: x * inv, g)
+
+    def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        (loss, aux), grads = compute(state.params, batch)
+        aux = dict(aux)
+        gnorm = optax.global_norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        if "update_ok" in aux:
+            ok = ok & aux.pop("update_ok").astype(jnp.bool_)
+        # zero non-finite grads so the (discarded) optimiser update cannot poison anything via NaN * 0
+        safe = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
+        updates, new_opt = optimizer.update(safe, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
+        new_state = TrainState(
+            state.step + ok.astype(jnp.int32), keep(new_params, state.params), keep(new_opt, state.opt_state)
+        )
+        metrics = {"loss": loss, "grad_norm": gnorm, "skipped": 1 - ok.astype(jnp.int32), **aux}
+        return new_state, metrics
+
+    return train_step
+
+
+def state_shardings(
+    model_cfg: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh,
+    rules: shd.ShardingRules = shd.DEFAULT_RULES,
+) -> tuple[TrainState, TrainState]:
+    """(abstract TrainState, TrainState of NamedShardings) for ``model_cfg`` on ``mesh``."""
+    params_abs = abstract_params(model_cfg)
+    p_shard = shd.tree_shardings(param_axes(model_cfg), params_abs, mesh, rules)
+    opt_abs = jax.eval_shape(optimizer.init, params_abs)
+    o_shard = shd.opt_state_shardings(opt_abs, params_abs, p_shard, mesh)
+    abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_abs, opt_abs)
+    return abstract, TrainState(shd.replicated(mesh), p_shard, o_shard)
+
+
+def jit_train_step(
+    step_fn, state_sharding: TrainState, batch_sharding: Any, mesh: Mesh,
+    rules: shd.ShardingRules = shd.DEFAULT_RULES,
+):
+    """``jax.jit`` the step with explicit in/out shardings and the state donated. Activation sharding
+    constraints inside the model are active because tracing happens under :func:`sharding.use_mesh`."""
+
+    def traced(state, batch):
+        with shd.use_mesh(mesh, rules):
+            return step_fn(state, batch)
+
+    return jax.jit(
+        traced,
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, shd.replicated(mesh)),
+        donate_argnums=(0,),
+    )

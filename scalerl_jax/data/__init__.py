@@ -33,15 +33,15 @@ from scalerl_jax.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, To
 
 __all__ = [
     "ARITH_SPACE",
+    "DEFAULT_TEMPLATE",
+    "THINK_MARKER",
     "AllPromptsRemovedError",
     "CharTokenizer",
-    "DEFAULT_TEMPLATE",
     "DataError",
     "HFTokenizer",
     "Problem",
     "PromptData",
     "PromptIterator",
-    "THINK_MARKER",
     "Tokenizer",
     "TokenizerError",
     "arith_id",

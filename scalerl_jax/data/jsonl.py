@@ -39,10 +39,10 @@ def make_prompt(question: str, template: str = DEFAULT_TEMPLATE) -> str:
 
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text`` with balanced braces, or None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    b, f = text.rfind("\\boxed"), text.rfind("\\fbox")
+    if b < 0 and f < 0:
         return None
-    i = text.index("x", start) + 1  # both commands end in 'x'
+    i = b + len("\\boxed") if b > f else f + len("\\fbox")
     if i < len(text) and text[i] == " ":  # "\boxed 5" form: up to the next space or dollar
         j = i + 1
         while j < len(text) and text[j] not in " $":

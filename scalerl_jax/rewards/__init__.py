@@ -12,6 +12,7 @@ import numpy as np
 
 from scalerl_jax.data.tasks import Problem
 from scalerl_jax.rewards.arith import arith_reward, extract_arith_answer, score_arith
+from scalerl_jax.rewards.length_penalty import length_penalty
 from scalerl_jax.rewards.math import (
     MathVerifier,
     completion_answer_text,
@@ -19,8 +20,6 @@ from scalerl_jax.rewards.math import (
     math_reward,
     score_math,
 )
-
-# length_penalty: scalerl_jax/rewards/length_penalty.py (written separately) is not there yet; import it here once it is.
 
 
 def score(
@@ -53,6 +52,7 @@ __all__ = [
     "completion_answer_text",
     "default_verifier",
     "extract_arith_answer",
+    "length_penalty",
     "math_reward",
     "score",
     "score_arith",

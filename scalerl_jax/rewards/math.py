@@ -1,9 +1,9 @@
 """math-verify reward for real math sets: +1 when the completion's final answer equals the gold answer, else -1.
 
-Answer extraction from a completion: the text after the last ``####`` when there is one (GSM8K style), otherwise
-math-verify's own extraction over the whole completion (last ``\\boxed{}`` first, then LaTeX, then plain numbers
-and expressions). The gold answer is parsed as ``$gold$``. Equivalence is math-verify's (numeric, symbolic, sets,
-intervals, ...), so ``\\frac{1}{2}`` and ``0.5`` match.
+Answer extraction from a completion (:func:`completion_answer_text`): the last ``\\boxed{}`` or the text after the
+last ``####`` (GSM8K style), whichever comes later; without either, math-verify's own extraction over the whole
+completion (LaTeX, then plain numbers and expressions). The gold answer is parsed as ``$gold$``. Equivalence is
+math-verify's (numeric, symbolic, sets, intervals, ...), so ``\\frac{1}{2}`` and ``0.5`` match.
 
 math-verify can hang on pathological input (huge powers, deep nesting), and its own timeout uses ``signal.alarm``
 which only works in the main thread. :class:`MathVerifier` therefore runs it in a separate worker process (a plain
@@ -14,6 +14,7 @@ restarts the worker when a sample exceeds a hard limit. Both count as timeouts a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,10 +24,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Self
 
 import numpy as np
 
-from scalerl_jax.data.jsonl import hash_answer
+from scalerl_jax.data.jsonl import hash_answer, last_boxed
 from scalerl_jax.data.tasks import Problem
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -64,10 +66,18 @@ for line in sys.stdin:
 
 
 def completion_answer_text(completion: str) -> str:
-    """The part of a completion that math-verify should read: the text after the last ``####`` when present
-    (GSM8K style), else the whole completion."""
-    h = hash_answer(completion)
-    return completion if h is None else h
+    """The part of a completion that math-verify should read: the final answer marked by whichever of ``####``
+    (GSM8K style, the rest of that line) and ``\\boxed{...}`` comes last, else the whole completion (math-verify
+    then looks for LaTeX and plain numbers itself). Earlier boxed answers are drafts: only the last one counts."""
+    h_pos = completion.rfind("####")
+    b_pos = max(completion.rfind("\\boxed"), completion.rfind("\\fbox"))
+    if h_pos >= 0 and h_pos > b_pos:
+        return hash_answer(completion) or ""
+    if b_pos >= 0:
+        b = last_boxed(completion)
+        if b is not None:
+            return "\\boxed{" + b + "}"
+    return completion
 
 
 class WorkerTimeout(RuntimeError):
@@ -136,17 +146,15 @@ class MathVerifier:
         with self._lock:
             self._kill()
 
-    def __enter__(self) -> MathVerifier:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError, AttributeError):  # interpreter shutdown may have torn things down
             self._kill()
-        except Exception:
-            pass
 
     # -- scoring -----------------------------------------------------------------------------------------------
     def judge(self, completion: str, gold: str) -> str:

@@ -172,3 +172,21 @@ def test_jsonl_prompt_data():
     assert not {p.prompt for p in data.train} & {p.prompt for p in data.val}
     with pytest.raises(ValueError, match="val_size"):
         build_prompt_data("jsonl", path="/work/shared/data/gsm8k_test.jsonl", val_size=5000)
+
+
+def test_with_real_npr_curriculum():
+    curriculum = pytest.importorskip("scalerl_jax.data.curriculum")
+    probs = arith_problems(30, seed=9)
+    cur = curriculum.NPRCurriculum(threshold=0.9)
+    it = PromptIterator(probs, seed=5, curriculum=cur)
+    epoch0 = it.next_batch(30)
+    solved = {p.prompt_id for p in epoch0[::3]}
+    for p in epoch0:
+        cur.update(p.prompt_id, 16 if p.prompt_id in solved else 3, 16)
+    state = json.loads(json.dumps({"data": it.get_state(), "npr": cur.state_dict()}))
+    later = _ids(it.next_batch(40))
+    assert not solved & set(later)
+    assert sorted(later[:20]) == sorted(p.prompt_id for p in probs if p.prompt_id not in solved)
+    it2 = PromptIterator(probs, seed=5, curriculum=curriculum.NPRCurriculum.from_state_dict(state["npr"]))
+    it2.set_state(state["data"])
+    assert _ids(it2.next_batch(40)) == later

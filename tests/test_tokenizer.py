@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import models, pre_tokenizers
 
@@ -81,3 +83,12 @@ def test_hf_tokenizer_from_file_needs_eos(tmp_path):
     assert (tok.eos_id, tok.pad_id, tok.bos_id) == (2, 2, None)  # pad falls back to eos
     with pytest.raises(FileNotFoundError):
         HFTokenizer(str(tmp_path / "missing"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="0123456789+*=;#", max_size=40))
+def test_char_round_trip_property(text):
+    tok = CharTokenizer()
+    ids = tok.encode(text)
+    assert all(2 <= i < 17 for i in ids)
+    assert tok.decode(ids) == text

@@ -1,5 +1,6 @@
-"""Prompts and tokens: tokenizers, the synthetic arithmetic task, jsonl math sets and the training pipeline."""
+"""Prompts and tokens: tokenizers, the arithmetic task, jsonl math sets, the NPR curriculum and the training pipeline."""
 
+from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.jsonl import (
     DEFAULT_TEMPLATE,
     DataError,
@@ -39,6 +40,7 @@ __all__ = [
     "CharTokenizer",
     "DataError",
     "HFTokenizer",
+    "NPRCurriculum",
     "Problem",
     "PromptData",
     "PromptIterator",

@@ -173,6 +173,7 @@ class SigmoidPosterior:
     num_chains: int
     compute: np.ndarray
     reward: np.ndarray
+    inputs: dict = dataclasses.field(default_factory=dict)  # R0 / n_prompts / k_samples as passed, for refits
 
     def _param(self, name: str) -> np.ndarray:
         if name == "R0" and "R0" not in self.samples:
@@ -241,6 +242,7 @@ class _Prepared:
     a_fixed: float | None
     compute: np.ndarray
     reward: np.ndarray
+    inputs: dict
 
 
 def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="fit_bayes") -> _Prepared:
@@ -278,7 +280,8 @@ def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="
         "logc_loc": float(0.5 * (np.log(c_min) + np.log(c_max))),
         "logc_scale": max(2.0, float(np.log(c_max / c_min))),
     }
-    return _Prepared((r0_value is None, counts, A is not None), columns, scalars, r0_value, A, c, r)
+    inputs = {"R0": r0_value, "n_prompts": None if n_p is None else n_p[keep], "k_samples": None if k_s is None else k_s[keep]}
+    return _Prepared((r0_value is None, counts, A is not None), columns, scalars, r0_value, A, c, r, inputs)
 
 
 _PAD_FILL = {"logc": 0.0, "positive": True, "reward": 0.5, "mask": False, "nk": 1.0, "kk": 1.0}
@@ -345,6 +348,7 @@ def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup
                 num_chains=num_chains,
                 compute=p.compute,
                 reward=p.reward,
+                inputs=p.inputs,
             )
         )
     return out

@@ -1,0 +1,103 @@
+"""fit_grid against a plain SciPy loop over the paper's grid, and on bad input."""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy.optimize import curve_fit
+
+from scalerl_jax.scaling import ScalingFitWarning, SigmoidFit, fit_grid
+from scalerl_jax.scaling.grid import PAPER_A_GRID, PAPER_C_MID_GRID
+
+
+def _law(c, A, B, C_mid, R0):
+    # Written out independently of the package: R0 + (A - R0) / (1 + (C_mid / C)^B), C > 0.
+    return R0 + (A - R0) / (1.0 + (C_mid / c) ** B)
+
+
+def _noisy_curve(A=0.61, B=1.92, C_mid=2542.0, R0=0.3, n=75, seed=0):
+    rng = np.random.default_rng(seed)
+    c = np.linspace(5 * C_mid / n, 5 * C_mid, n)
+    mu = _law(c, A, B, C_mid, R0)
+    # Binomial noise of 1,000 prompts x 16 samples with prompt difficulty drawn from a Beta (over-dispersion).
+    p = rng.beta(mu[:, None] * 2.0, (1 - mu[:, None]) * 2.0, size=(n, 1000))
+    return c, rng.binomial(16, p).mean(axis=1) / 16
+
+
+def _scipy_paper_loop(c, r, R0, a_grid, c_grid):
+    best = (np.inf, None)
+    for A in a_grid:
+        for C_mid in c_grid:
+            try:
+                (B,), _ = curve_fit(lambda x, B: _law(x, A, B, C_mid, R0), c, r, p0=[1.0], bounds=(0.02, 20.0))
+            except RuntimeError:
+                continue
+            sse = np.sum((r - _law(c, A, B, C_mid, R0)) ** 2)
+            if sse < best[0]:
+                best = (sse, (A, B, C_mid))
+    return best
+
+
+def test_fit_grid_matches_scipy_loop_on_paper_grid():
+    c, r = _noisy_curve()
+    half = c <= c.max() / 2
+    # Subsample the paper's grid (every 2nd A, every 4th C_mid) to keep the SciPy loop to ~900 fits.
+    a_grid, c_grid = PAPER_A_GRID[::2], PAPER_C_MID_GRID[::4]
+    fit = fit_grid(c[half], r[half], 0.3, A_grid=a_grid, C_mid_grid=c_grid)
+    sse, (A, B, C_mid) = _scipy_paper_loop(c[half], r[half], 0.3, a_grid, c_grid)
+    assert isinstance(fit, SigmoidFit)
+    assert abs(fit.A - A) <= 0.010 + 1e-9  # within one step of this grid
+    assert fit.B == pytest.approx(B, rel=0.01)
+    assert fit.sse == pytest.approx(sse, rel=1e-3)
+    assert fit.C_mid == pytest.approx(C_mid)
+
+
+def test_fit_grid_auto_picks_paper_grid_and_recovers_noise_free_curve():
+    c = np.linspace(100.0, 12710.0, 60)
+    r = _law(c, 0.61, 1.92, 2542.0, 0.3)
+    fit = fit_grid(c, r, 0.3)
+    assert fit.grid == "paper"
+    assert fit.A == pytest.approx(0.61, abs=0.005 + 1e-9)
+    assert fit.B == pytest.approx(1.92, rel=0.05)
+    assert fit.C_mid == pytest.approx(2542.0, abs=404)  # paper's C_mid step is ~403 GPU-h
+
+
+def test_fit_grid_data_grid_for_tiny_run_units():
+    # Device-hours of a tiny run, a ceiling above the paper's 0.8 and R0 above its 0.45.
+    c = np.linspace(0.0, 0.2, 20)
+    r = _law(np.maximum(c, 1e-12), 0.85, 1.5, 0.04, 0.5)
+    r[0] = 0.5
+    fit = fit_grid(c, r, 0.5)
+    assert fit.grid == "data"
+    assert fit.A == pytest.approx(0.85, abs=0.006)
+    assert fit.B == pytest.approx(1.5, rel=0.05)
+    assert fit.C_mid == pytest.approx(0.04, rel=0.05)
+
+
+def test_fit_grid_exclude_below_and_edge_warning():
+    c, r = _noisy_curve()
+    with pytest.raises(ValueError, match="exclude_below"):
+        fit_grid(c, r, 0.3, exclude_below=c[-3])
+    # Early window only (up to 0.6 C_mid): the ceiling is not visible; paper's grid tops out at 0.80.
+    c_early = c[c <= 0.6 * 2542.0]
+    r_steep = _law(c_early, 1.0, 1.0, 5000.0, 0.3)
+    with pytest.warns(ScalingFitWarning, match="edge"):
+        fit = fit_grid(c_early, r_steep, 0.3, grid="paper")
+    assert "A" in fit.on_edge and fit.A == pytest.approx(0.8)
+
+
+def test_fit_grid_bad_input():
+    c = np.linspace(0, 1, 10)
+    r = np.linspace(0.3, 0.6, 10)
+    with pytest.raises(ValueError, match="R0"):
+        fit_grid(c, r, 1.5)
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_grid(c[:3], r[:3], 0.3)
+    with pytest.raises(ValueError, match="strictly increase"):
+        fit_grid(c[::-1], r, 0.3)
+    # Flat curve: a warning and a finite fit, never a crash.
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fit = fit_grid(c, np.full(10, 0.4), 0.4)
+    assert any(issubclass(x.category, ScalingFitWarning) and "flat" in str(x.message) for x in w)
+    assert np.isfinite([fit.A, fit.B, fit.C_mid, fit.sse]).all()

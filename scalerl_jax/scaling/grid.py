@@ -180,9 +180,11 @@ def fit_grid(
     if B <= B_MIN * 1.01 or B >= B_MAX * 0.99:
         edges.append("B")
     if edges and kind != "custom":
+        hint = ("A reached 1, so the window does not show the ceiling yet" if kind == "data" and A >= 1.0 - 1e-9
+                else "the optimum may lie outside it; try grid='data' or wider A_grid / C_mid_grid")
         warnings.warn(
             f"fit_grid: best {', '.join(edges)} on the edge of the {kind} grid (A={A:.3f}, B={B:.3g}, "
-            f"C_mid={C_mid:.4g}); the optimum may lie outside it, use grid='data' or wider grids",
+            f"C_mid={C_mid:.4g}); {hint}",
             ScalingFitWarning,
             stacklevel=2,
         )

@@ -1,0 +1,238 @@
+"""Fit one or several runs end to end: read metrics.jsonl, fit the first part of each curve, predict the rest,
+write summary.json, the plots and a short markdown report. ``fit_runs`` is what the CLI and experiments call."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .bayes import fit_bayes_batch
+from .checks import ScalingFitWarning
+from .compare import A_MARGIN, compare_at_shared_A, pairwise_table
+from .grid import fit_grid
+from .io import RunCurve, fit_window, load_run
+from .plots import markdown_table, plot_A_posteriors, plot_efficiency, plot_fit, plot_table, save
+from .powerlaw import fit_power_law
+
+__all__ = ["fit_runs"]
+
+
+def _unique_names(curves: list[RunCurve]) -> None:
+    seen = {}
+    for c in curves:
+        if c.name in seen:
+            seen[c.name] += 1
+            c.name = f"{c.name}_{seen[c.name]}"
+        else:
+            seen[c.name] = 0
+
+
+def _bayes_inputs(curve: RunCurve, mask: np.ndarray, exclude_below: float) -> dict:
+    """Data and R0 choice for fit_bayes: R0 is fitted when the window keeps the step-0 point (it pins R0),
+    otherwise fixed to the first observed reward, as the paper does."""
+    keep = mask & (curve.compute >= exclude_below)
+    d = {"compute": curve.compute[keep], "reward": curve.reward[keep]}
+    if not np.any(d["compute"] == 0):
+        d["R0"] = float(curve.reward[0])
+    if curve.val_n is not None:
+        d["n_prompts"], d["k_samples"] = curve.val_n[keep], curve.val_k[keep]
+    return d
+
+
+def _caught(fn, *args, sink: list, **kwargs):
+    """Run ``fn``; record its warnings in ``sink`` for the report and re-emit them for the caller."""
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = fn(*args, **kwargs)
+    for w in rec:
+        sink.append(str(w.message))
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out
+
+
+def fit_runs(
+    run_dirs,
+    out_dir,
+    fit_until: float = 0.5,
+    target_compute: float | None = None,
+    exclude_below: float | None = None,
+    *,
+    fit_until_compute: float | None = None,
+    compute_key: str = "device_hours",
+    seed: int = 0,
+    num_samples: int = 1000,
+    num_chains: int = 4,
+    num_warmup: int | None = None,
+    make_plots: bool = True,
+) -> dict:
+    """Fit each run's eval curve on its first ``fit_until`` fraction of compute (or up to ``fit_until_compute``),
+    predict the reward at ``target_compute`` and compare runs; write summary.json, plots and report.md.
+
+    Args:
+        run_dirs: run directories (each with metrics.jsonl) or metrics.jsonl paths.
+        out_dir: where summary.json, report.md and the PNG/SVG figures go.
+        target_compute: compute to predict at; default the run's last eval when it ran past the fit window,
+            else twice the window (the paper's protocol: fit on half, predict the whole).
+        exclude_below: drop points below this compute from every fit (the paper's first ~1.5k GPU-h).
+        compute_key: eval-row column used as compute ("device_hours" or "flops").
+        seed, num_samples, num_chains, num_warmup: NUTS settings for fit_bayes.
+    Returns the summary dict written to summary.json.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    if not run_dirs:
+        raise ValueError("fit_runs: no run directories given")
+    excl = float(exclude_below or 0.0)
+    curves = [load_run(d, compute_key=compute_key) for d in run_dirs]
+    _unique_names(curves)
+
+    runs, windows, inputs, notes = {}, {}, {}, {c.name: [] for c in curves}
+    for curve in curves:
+        mask, limit = fit_window(curve, fit_until, fit_until_compute)
+        n_fit = int(np.sum(mask & (curve.compute >= excl)))
+        if n_fit < 5:
+            raise ValueError(
+                f"fit_runs: run {curve.name!r} has {n_fit} eval points in its fit window (compute <= {limit:g}, "
+                f">= {excl:g}); need at least 5, fit on more of the run"
+            )
+        windows[curve.name] = (mask, limit)
+        inputs[curve.name] = _bayes_inputs(curve, mask, excl)
+
+    # Curves whose model variants agree share one vectorised NUTS run (one compilation).
+    groups = {}
+    for name, d in inputs.items():
+        groups.setdefault(tuple(sorted(d)), []).append(name)
+    posteriors = {}
+    for names in groups.values():
+        sink = []
+        posts = _caught(fit_bayes_batch, [inputs[n] for n in names], seed=seed, num_samples=num_samples,
+                        num_chains=num_chains, num_warmup=num_warmup, sink=sink)
+        for n, p in zip(names, posts):
+            posteriors[n] = p
+            tag = f"fit_bayes_batch[{names.index(n)}]"
+            notes[n] += [m.replace(tag, "fit_bayes") for m in sink if m.startswith(tag)]
+
+    figures = []
+    for curve in curves:
+        name = curve.name
+        mask, limit = windows[name]
+        post = posteriors[name]
+        c_fit, r_fit = curve.compute[mask], curve.reward[mask]
+        grid = _caught(fit_grid, c_fit, r_fit, float(curve.reward[0]), exclude_below=excl, sink=notes[name])
+        try:
+            power = _caught(fit_power_law, c_fit, r_fit, exclude_below=excl, sink=notes[name])
+        except (ValueError, RuntimeError) as e:
+            power, notes[name] = None, notes[name] + [f"power law not fitted: {e}"]
+        held = ~mask
+        target = float(target_compute) if target_compute else (
+            float(curve.compute.max()) if np.any(held) else 2.0 * limit)
+        mean_t, lo_t, hi_t = (float(v[0]) for v in post.predict([target]))
+        entry = {
+            "path": curve.path,
+            "compute_key": compute_key,
+            "n_points": int(curve.compute.size),
+            "n_fit": int(np.sum(mask & (curve.compute >= excl))),
+            "fit_until_compute": limit,
+            "target_compute": target,
+            "prediction": {"mean": mean_t, "lo": lo_t, "hi": hi_t,
+                           "grid": float(grid.predict(target)),
+                           "power_law": None if power is None else float(power.predict(target))},
+            "bayes": post.to_dict(),
+            "grid": grid.to_dict(),
+            "power_law": None if power is None else power.to_dict(),
+            "warnings": notes[name],
+        }
+        if np.any(held):
+            pm, plo, phi = post.predict(curve.compute[held])
+            obs = curve.reward[held]
+            last = int(np.argmin(np.abs(curve.compute[held] - target)))
+            entry["held_out"] = {
+                "n": int(held.sum()),
+                "mean_abs_error": float(np.mean(np.abs(obs - pm))),
+                "fraction_in_90": float(np.mean((obs >= plo) & (obs <= phi))),
+                "compute_nearest_target": float(curve.compute[held][last]),
+                "observed_nearest_target": float(obs[last]),
+                "predicted_nearest_target": float(pm[last]),
+                "error_nearest_target": float(obs[last] - pm[last]),
+            }
+        runs[name] = entry
+        if make_plots:
+            fig = plot_fit(curve, post, limit, target, grid_fit=grid, power_fit=power, compute_label=compute_key)
+            figures += save(fig, out, f"fit_{name}")
+
+    pairwise = pairwise_table(posteriors) if len(posteriors) > 1 else []
+    shared = []
+    if 1 < len(posteriors) <= 4:
+        names = list(posteriors)
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                p1, p2 = posteriors[names[i]], posteriors[names[j]]
+                res = compare_at_shared_A(p1, p2, seed=seed, num_samples=num_samples, num_chains=num_chains)
+                shared.append({"run_1": names[i], "run_2": names[j]} | res)
+    if make_plots:
+        figures += save(plot_A_posteriors(posteriors), out, "A_posteriors")
+        figures += save(plot_efficiency({c.name: (c, posteriors[c.name]) for c in curves}), out, "efficiency")
+        figures += save(plot_table(posteriors, pairwise), out, "table")
+
+    summary = {
+        "settings": {"fit_until": fit_until, "fit_until_compute": fit_until_compute, "target_compute": target_compute,
+                     "exclude_below": excl, "compute_key": compute_key, "seed": seed, "num_samples": num_samples,
+                     "num_chains": num_chains},
+        "runs": runs,
+        "pairwise": pairwise,
+        "paper_rule": shared,
+        "figures": figures,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    (out / "report.md").write_text(_markdown(summary, posteriors, pairwise, compute_key))
+    return summary
+
+
+def _markdown(summary: dict, posteriors: dict, pairwise: list, compute_key: str) -> str:
+    lines = ["# Scaling fit report", ""]
+    for name, e in summary["runs"].items():
+        p = e["prediction"]
+        lines.append(f"## {name}")
+        lines.append("")
+        lines.append(
+            f"Fitted on {e['n_fit']} eval points up to {compute_key} = {e['fit_until_compute']:.4g}. "
+            f"Predicted validation reward at {compute_key} = {e['target_compute']:.4g}: **{p['mean']:.3f}** "
+            f"(90 % interval {p['lo']:.3f} to {p['hi']:.3f}); grid fit {p['grid']:.3f}"
+            + (f", power law {p['power_law']:.3f}." if p["power_law"] is not None else ".")
+        )
+        if "held_out" in e:
+            h = e["held_out"]
+            lines.append(
+                f"The run continued: at {compute_key} = {h['compute_nearest_target']:.4g} it measured "
+                f"{h['observed_nearest_target']:.3f}, prediction error (observed - predicted) "
+                f"{h['error_nearest_target']:+.3f}; over {h['n']} held-out evals the mean absolute error is "
+                f"{h['mean_abs_error']:.3f} and {100 * h['fraction_in_90']:.0f} % lie in the 90 % band of the mean curve."
+            )
+        else:
+            lines.append("The run stops at the fit window: no held-out evals to check the prediction against.")
+        b = e["bayes"]
+        lines.append(
+            f"Diagnostics: max r_hat {max(b['r_hat'].values(), default=float('nan')):.3f}, min ESS "
+            f"{min(b['ess'].values()):.0f}, {b['num_divergences']} divergences, likelihood {b['likelihood']}."
+        )
+        if e["warnings"]:
+            lines += ["", "Warnings:"] + [f"- {w}" for w in e["warnings"]]
+        lines += ["", f"![fit](fit_{name}.png)", ""]
+    lines += ["## Parameters (posterior mean [90 % interval])", "", markdown_table(posteriors, pairwise)]
+    for s in summary["paper_rule"]:
+        if s["rule"] == "A":
+            lines.append(f"- {s['run_1']} vs {s['run_2']}: A differs by {s['dA_mean']:+.3f} (> {A_MARGIN}); "
+                         f"P(A1 > A2) = {s['P_A1_gt_A2']:.3f}; better: {s['run_' + str(s['better'])]}.")
+        else:
+            lines.append(f"- {s['run_1']} vs {s['run_2']}: A within {A_MARGIN}; at shared A = {s['A_shared']:.3f}, "
+                         f"B = {s['B1_at_shared_A']:.2f} vs {s['B2_at_shared_A']:.2f}, P(B1 > B2) = "
+                         f"{s['P_B1_gt_B2_at_shared_A']:.3f}; better: {s['run_' + str(s['better'])]}.")
+    lines += ["", "![A posteriors](A_posteriors.png) ![efficiency](efficiency.png)", ""]
+    return "\n".join(lines)
+
+
+_ = ScalingFitWarning

@@ -1,8 +1,8 @@
 """The pure train step: ``train_step(state, batch) -> (state, metrics)``, jitted with explicit shardings.
 
 The loss is a parameter: ``loss_fn(params, batch) -> (loss, aux)``. If ``aux`` carries ``"update_ok"``
-(a boolean scalar; e.g. False when the batch holds NaNs or every group was filtered), the step is
-skipped when it is False. A step is also skipped when the loss or the gradient is non-finite. A skipped
+(a boolean scalar; e.g. False when the batch holds NaNs), the step is skipped when it is False in
+any micro-batch; if it carries ``"n_tokens"`` the step is skipped when no token is left to train on. A step is also skipped when the loss or the gradient is non-finite. A skipped
 step returns the previous params and optimiser state bit for bit and reports ``skipped = 1``.
 """
 
@@ -54,14 +54,18 @@ def make_train_step(
             return grad_fn(params, batch)
         micro = _split_micro(batch, microbatches)
 
+        def combine(a, b):  # booleans (e.g. update_ok) must hold in every micro-batch; numbers are summed
+            return jnp.logical_and(a, b) if a.dtype == jnp.bool_ else a + b
+
         def body(acc, mb):
             (loss, aux), g = grad_fn(params, mb)
-            return jax.tree.map(jnp.add, acc, (loss, aux, g)), None
+            return jax.tree.map(combine, acc, (loss, aux, g)), None
 
-        (loss0, aux0), g0 = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, g0))
-        zeros = (zeros[0], zeros[1], jax.tree.map(lambda z, p: z.astype(p.dtype), zeros[2], params))
-        (loss, aux, g), _ = jax.lax.scan(body, zeros, micro)
+        (loss0, aux0), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
+        init = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype) if s.dtype == jnp.bool_ else jnp.zeros(s.shape, s.dtype),
+                            (loss0, aux0))
+        init = (*init, jax.tree.map(jnp.zeros_like, params))
+        (loss, aux, g), _ = jax.lax.scan(body, init, micro)
         inv = 1.0 / microbatches
         aux = {k: (v if v.dtype == jnp.bool_ else v * inv) for k, v in aux.items()}
         return (loss * inv, aux), jax.tree.map(lambda x: x * inv, g)
@@ -73,6 +77,8 @@ def make_train_step(
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         if "update_ok" in aux:
             ok = ok & aux.pop("update_ok").astype(jnp.bool_)
+        if "n_tokens" in aux:  # nothing survived filtering: an update of zero gradients would still decay weights
+            ok = ok & (aux["n_tokens"] > 0)
         # zero non-finite grads so the (discarded) optimiser update cannot poison anything via NaN * 0
         safe = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
         updates, new_opt = optimizer.update(safe, state.opt_state, state.params)

@@ -1,0 +1,92 @@
+"""The RL loss for the pure train step: model forward, FP32 chunked token log-probs, policy loss.
+
+A :class:`TrainBatch` row is one completion, prompt and completion tokens in one right-padded row:
+
+    tokens      [B, T] int32    prompt + completion (+ padding)
+    loss_mask   [B, T] float32  1 where token t was sampled by the policy (0 on prompt, padding and
+                                injected interruption tokens, and on whole rows of filtered groups)
+    gen_logp    [B, T] float32  generator log-prob of token t (meaningful where loss_mask = 1)
+    staleness   [B, T] int32    trainer version - version of the policy that produced token t
+    advantages  [B]    float32  (already normalised, 0 for filtered groups)
+    rewards     [B]    float32
+    group_ids   [B]    int32    prompt group of the row, in [0, B)
+    truncated   [B]    float32  1 if the completion never produced an answer
+
+The loss reports ``update_ok = False`` (the train step then leaves params and optimiser untouched) when
+any log-prob, advantage or reward on a used row is NaN/inf, or when no token survives filtering.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax.config import LossConfig, ModelConfig
+from scalerl_jax.losses import policy_loss, token_logprobs
+from scalerl_jax.models.llama import forward_hidden, head_weight
+
+BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated")
+
+
+class TrainBatch(NamedTuple):
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    gen_logp: np.ndarray
+    staleness: np.ndarray
+    advantages: np.ndarray
+    rewards: np.ndarray
+    group_ids: np.ndarray
+    truncated: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return self._asdict()
+
+
+def abstract_batch(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes/dtypes of a TrainBatch (AOT compilation)."""
+    bt, b = (batch, seq_len), (batch,)
+    f32, i32 = jnp.float32, jnp.int32
+    spec = {"tokens": (bt, i32), "loss_mask": (bt, f32), "gen_logp": (bt, f32), "staleness": (bt, i32),
+            "advantages": (b, f32), "rewards": (b, f32), "group_ids": (b, i32), "truncated": (b, f32)}
+    return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in spec.items()}
+
+
+def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float = 1.0, logp_chunk: int = 512):
+    """``loss_fn(params, batch) -> (loss, metrics)`` for :func:`scalerl_jax.train.make_train_step`."""
+
+    def loss_fn(params, batch):
+        tokens = batch["tokens"]
+        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+        gen = batch["gen_logp"][:, 1:]
+        used_row = mask.sum(-1) > 0
+        finite = (
+            jnp.all(jnp.isfinite(gen) | (mask == 0))
+            & jnp.all(jnp.isfinite(batch["advantages"]) | ~used_row)
+            & jnp.all(jnp.isfinite(batch["rewards"]) | ~used_row)
+        )
+        # sanitise so non-finite inputs cannot leak NaN into the graph; the step is skipped anyway
+        gen = jnp.where(jnp.isfinite(gen) & (mask > 0), gen, 0.0)
+        adv = jnp.where(jnp.isfinite(batch["advantages"]), batch["advantages"], 0.0)
+        h = forward_hidden(params, tokens[:, :-1], model_cfg)
+        logp, ent = token_logprobs(
+            h, head_weight(params, model_cfg), tokens[:, 1:], chunk=logp_chunk, head_dtype=model_cfg.head_dtype,
+            temperature=temperature,
+        )
+        loss, m = policy_loss(logp, gen, adv, mask, batch["group_ids"], loss_cfg)
+        n_tok = jnp.maximum(mask.sum(), 1.0)
+        stale = batch["staleness"][:, 1:].astype(jnp.float32)
+        metrics = dict(m)
+        metrics.update(
+            entropy=jax.lax.stop_gradient((ent * mask).sum() / n_tok),
+            staleness_mean=(stale * mask).sum() / n_tok,
+            staleness_max=jnp.max(jnp.where(mask > 0, stale, 0.0)),
+            truncation_rate=batch["truncated"].astype(jnp.float32).mean(),
+            inputs_finite=finite.astype(jnp.float32),
+            update_ok=finite,
+        )
+        return loss, metrics
+
+    return loss_fn

@@ -78,11 +78,10 @@ def test_fit_grid_exclude_below_and_edge_warning():
     c, r = _noisy_curve()
     with pytest.raises(ValueError, match="exclude_below"):
         fit_grid(c, r, 0.3, exclude_below=c[-3])
-    # Early window only (up to 0.6 C_mid): the ceiling is not visible; paper's grid tops out at 0.80.
-    c_early = c[c <= 0.6 * 2542.0]
-    r_steep = _law(c_early, 1.0, 1.0, 5000.0, 0.3)
+    # A curve that climbs past 0.9: the paper's A grid tops out at 0.80, so the best A sits on its edge.
+    r_high = _law(c, 0.95, 2.0, 1000.0, 0.3)
     with pytest.warns(ScalingFitWarning, match="edge"):
-        fit = fit_grid(c_early, r_steep, 0.3, grid="paper")
+        fit = fit_grid(c, r_high, 0.3, grid="paper")
     assert "A" in fit.on_edge and fit.A == pytest.approx(0.8)
 
 

@@ -58,7 +58,8 @@ def bench_grid():
     print("|---|---|---|---|---|---|")
     print(f"| SciPy loop (7,100 curve_fit) | {t_ref:.2f} | 1.0 | {ref.A:.3f} | {ref.B:.4f} | {ref.C_mid:.0f} |")
     print(f"| fit_grid JAX, cold | {cold:.2f} | {t_ref / cold:.0f}x faster | | | |")
-    print(f"| fit_grid JAX, warm | {warm:.3f} | {t_ref / warm:.0f}x faster | {fit.A:.3f} | {fit.B:.4f} | {fit.C_mid:.0f} |")
+    print(f"| fit_grid JAX, warm | {warm:.3f} | {t_ref / warm:.0f}x faster | {fit.A:.3f} | {fit.B:.4f} | "
+          f"{fit.C_mid:.0f} |")
 
 
 def bench_bayes(num_samples, num_chains):
@@ -108,7 +109,8 @@ def bench_prediction(num_samples, num_chains, seeds):
         print(f"| {name} | {v[0, 0]:.3f} | {v[:, 1].mean():.4f} | {v[:, 2].mean():.0%} | {v[:, 3].mean():.4f} | "
               f"{v[:, 4].mean():.4f} | {v[:, 5].mean():.3f} |")
     v = np.concatenate(tot)
-    print(f"| **all** | | {v[:, 1].mean():.4f} | {v[:, 2].mean():.0%} | {v[:, 3].mean():.4f} | {v[:, 4].mean():.4f} | |")
+    print(f"| **all** | | {v[:, 1].mean():.4f} | {v[:, 2].mean():.0%} | {v[:, 3].mean():.4f} | "
+          f"{v[:, 4].mean():.4f} | |")
 
 
 def main():

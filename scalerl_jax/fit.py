@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         p = e["prediction"]
         msg = f"{name}: R({e['target_compute']:.4g}) = {p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]"
         if "held_out" in e:
-            msg += f"; error at {e['held_out']['compute_nearest_target']:.4g}: {e['held_out']['error_nearest_target']:+.3f}"
+            h = e["held_out"]
+            msg += f"; error at {h['compute_nearest_target']:.4g}: {h['error_nearest_target']:+.3f}"
         print(msg)
     print(f"wrote {args.out}/summary.json and report.md")
     return 0

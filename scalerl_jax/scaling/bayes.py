@@ -200,7 +200,10 @@ class SigmoidPosterior:
         """R(compute) for (up to ``max_samples`` evenly thinned) posterior samples: [samples, len(compute)]."""
         c = np.atleast_1d(np.asarray(compute, dtype=float))
         n = self.samples["A"].size
-        idx = np.arange(n) if max_samples is None or n <= max_samples else np.linspace(0, n - 1, max_samples).astype(int)
+        if max_samples is None or n <= max_samples:
+            idx = np.arange(n)
+        else:
+            idx = np.linspace(0, n - 1, max_samples).astype(int)
         A, B, Cm, R0 = (self._param(k)[idx, None] for k in ("A", "B", "C_mid", "R0"))
         return sigmoid_reward(c[None, :], A, B, Cm, R0)
 
@@ -280,7 +283,11 @@ def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="
         "logc_loc": float(0.5 * (np.log(c_min) + np.log(c_max))),
         "logc_scale": max(2.0, float(np.log(c_max / c_min))),
     }
-    inputs = {"R0": r0_value, "n_prompts": None if n_p is None else n_p[keep], "k_samples": None if k_s is None else k_s[keep]}
+    inputs = {
+        "R0": r0_value,
+        "n_prompts": None if n_p is None else n_p[keep],
+        "k_samples": None if k_s is None else k_s[keep],
+    }
     return _Prepared((r0_value is None, counts, A is not None), columns, scalars, r0_value, A, c, r, inputs)
 
 

@@ -9,7 +9,6 @@ the reference the benchmark and tests compare against.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 
 import jax
@@ -82,7 +81,7 @@ def grid_ranges(compute, reward, R0, grid: str = "auto"):
     return a_grid, c_grid, "data"
 
 
-@functools.partial(jax.jit, static_argnames=())
+@jax.jit
 def _grid_search(logc_N, pos_N, r_N, R0, a_G, logcm_H):
     """SSE-minimising B and its SSE for every (A, C_mid) pair: two [G, H] arrays."""
     y_N = r_N - R0

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from .bayes import fit_bayes_batch
-from .checks import ScalingFitWarning
 from .compare import A_MARGIN, compare_at_shared_A, pairwise_table
 from .grid import fit_grid
 from .io import RunCurve, fit_window, load_run
@@ -210,7 +209,8 @@ def _markdown(summary: dict, posteriors: dict, pairwise: list, compute_key: str)
                 f"The run continued: at {compute_key} = {h['compute_nearest_target']:.4g} it measured "
                 f"{h['observed_nearest_target']:.3f}, prediction error (observed - predicted) "
                 f"{h['error_nearest_target']:+.3f}; over {h['n']} held-out evals the mean absolute error is "
-                f"{h['mean_abs_error']:.3f} and {100 * h['fraction_in_90']:.0f} % lie in the 90 % band of the mean curve."
+                f"{h['mean_abs_error']:.3f} and {100 * h['fraction_in_90']:.0f} % lie in the 90 % band of the "
+                "mean curve."
             )
         else:
             lines.append("The run stops at the fit window: no held-out evals to check the prediction against.")
@@ -234,5 +234,3 @@ def _markdown(summary: dict, posteriors: dict, pairwise: list, compute_key: str)
     lines += ["", "![A posteriors](A_posteriors.png) ![efficiency](efficiency.png)", ""]
     return "\n".join(lines)
 
-
-_ = ScalingFitWarning

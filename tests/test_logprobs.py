@@ -90,7 +90,9 @@ def test_peak_memory_bounded():
     def grad(fn):
         return jax.grad(lambda h, w, t: sum(x.sum() for x in fn(h, w, t)), argnums=(0, 1))
 
-    chunked = lambda h, w, t: token_logprobs(h, w, t, chunk=chunk)  # noqa: E731
+    def chunked(h, w, t):
+        return token_logprobs(h, w, t, chunk=chunk)
+
     for wrap in (fwd, grad):
         mem_naive = _temp_bytes(wrap(token_logprobs_naive), h, w, tgt)
         mem_chunk = _temp_bytes(wrap(chunked), h, w, tgt)

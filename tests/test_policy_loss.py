@@ -319,11 +319,15 @@ def test_prompt_aggregation_weights_prompts_equally(lengths_per_prompt, seed):
 
 
 def test_jit_and_unknown_kind():
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # ConfigError is a ValueError
         LossConfig(kind="ppo")
     logp, gen, adv, mask, gid = random_batch(np.random.default_rng(0), 4, 3, 2)
     loss, metrics = jax.jit(policy_loss, static_argnums=5)(
-        jnp.asarray(logp, jnp.float32), jnp.asarray(gen, jnp.float32), jnp.asarray(adv, jnp.float32),
-        jnp.asarray(mask, jnp.float32), jnp.asarray(gid), LossConfig()
+        jnp.asarray(logp, jnp.float32),
+        jnp.asarray(gen, jnp.float32),
+        jnp.asarray(adv, jnp.float32),
+        jnp.asarray(mask, jnp.float32),
+        jnp.asarray(gid),
+        LossConfig(),
     )
     assert np.isfinite(float(loss)) and set(metrics) >= {"clip_frac", "is_ratio_mean", "is_ratio_above_cap_frac"}

@@ -1,0 +1,103 @@
+"""``python -m scalerl_jax.serve``: the SGLang-API HTTP server for the embedded JAX engine.
+
+Examples::
+
+    python -m scalerl_jax.serve --preset tiny --port 30000            # random-init tiny model
+    python -m scalerl_jax.serve --model runs/ckpt/step_100 --port 30001 --max-batch 64
+
+The API (SGLang's native routes and our extension fields) is documented in
+:mod:`scalerl_jax.rollout.server`. Put several servers behind ``sglang-router``::
+
+    python -m sglang_router.launch_router --worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001 \\
+        --policy round_robin --host 127.0.0.1 --port 31000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m scalerl_jax.serve",
+        description="Serve a Llama-shaped model from the embedded JAX engine over SGLang's native HTTP API "
+                    "(/generate, /update_weights_from_disk, /pause_generation, /continue_generation, "
+                    "/get_weight_version, /health, /get_model_info, ...).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="model preset from scalerl_jax.models.presets (e.g. tiny), randomly "
+                                      "initialised with --init-seed")
+    src.add_argument("--model", "--model-path", dest="model", help="HF LlamaForCausalLM checkpoint directory "
+                                                                  "(config.json + safetensors)")
+    p.add_argument("--init-seed", type=int, default=0, help="PRNG seed of the random init (with --preset)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=30000, help="port to bind")
+    p.add_argument("--max-batch", type=int, default=64, help="most samples decoded together by the engine")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="KV-cache length per sample (prompt + max_new_tokens); default: the model's max_seq_len")
+    p.add_argument("--decode-chunk", type=int, default=8,
+                   help="decode steps per jitted call; pauses and weight swaps happen between chunks")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+    p.add_argument("--weight-version", type=int, default=0, help="version tag of the initial weights")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long the batching loop waits after the first queued request to collect more")
+    p.add_argument("--debug-chunk-delay-ms", type=float, default=0.0,
+                   help="testing aid: sleep this long after every decode chunk (to act on a running batch)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="uvicorn and server log level")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    import jax
+    import uvicorn
+
+    from scalerl_jax.models.hf_io import CheckpointError, load_hf_checkpoint
+    from scalerl_jax.models.llama import init_params
+    from scalerl_jax.models.presets import get_preset
+    from scalerl_jax.rollout.engine import JaxEngine
+    from scalerl_jax.rollout.server import ServerInfo, create_app
+
+    tokenizer = None
+    tokenizer_path = None
+    try:
+        if args.preset:
+            cfg = get_preset(args.preset)
+            params = init_params(cfg, jax.random.PRNGKey(args.init_seed))
+            model_path = f"preset:{args.preset}"
+            if args.preset == "tiny":
+                from scalerl_jax.data.tokenizer import CharTokenizer
+
+                tokenizer = CharTokenizer()
+        else:
+            params, cfg = load_hf_checkpoint(args.model)
+            model_path = str(Path(args.model).resolve())
+            if (Path(args.model) / "tokenizer.json").exists():
+                from scalerl_jax.data.tokenizer import HFTokenizer
+
+                tokenizer = HFTokenizer(args.model)
+                tokenizer_path = model_path
+            elif cfg.vocab_size == 17:
+                from scalerl_jax.data.tokenizer import CharTokenizer
+
+                tokenizer = CharTokenizer()
+    except (KeyError, CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    engine = JaxEngine(cfg, params, max_batch=args.max_batch, max_len=args.max_len or cfg.max_seq_len,
+                       decode_chunk=args.decode_chunk, seed=args.seed, version=args.weight_version)
+    app = create_app(engine, ServerInfo(model_path, tokenizer_path), tokenizer=tokenizer,
+                     batch_wait_s=args.batch_wait_ms / 1000.0, chunk_delay_s=args.debug_chunk_delay_ms / 1000.0)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Two of our servers behind a real ``sglang-router`` (all real processes): spreading, and a worker killed mid-batch.
+
+Every completion is checked against a teacher-forced pass of the model itself (greedy decoding), so a prompt
+answered by the wrong request, or twice, or not at all would show.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import jax
+import pytest
+
+from scalerl_jax.models import init_params, tiny
+from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+from scalerl_jax.rollout.sglang_client import SGLangGenerator
+from tests.test_server import assert_greedy_against_model, free_port, kill, start_server, wait_healthy
+
+pytest.importorskip("sglang_router")
+
+INIT_SEED = 3
+
+
+def _prompts(k: int) -> list[list[int]]:
+    return [[2 + (i % 10), 12, 2 + (i // 10) % 10, 13, 2 + (i * 7) % 10, 14] for i in range(k)]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("router")
+    procs = []
+    try:
+        workers = []
+        for i in range(2):
+            proc, url = start_server(tmp, "--preset", "tiny", "--init-seed", str(INIT_SEED), "--max-batch", "8",
+                                     "--decode-chunk", "4", "--debug-chunk-delay-ms", "25", name=f"worker{i}")
+            procs.append(proc)
+            workers.append((proc, url))
+        for proc, url in workers:
+            wait_healthy(url, proc)
+        port = free_port()
+        log = open(tmp / "router.log", "w")
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[u for _, u in workers],
+             "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
+             "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+             "--retry-max-retries", "3", "--retry-initial-backoff-ms", "50", "--request-timeout-secs", "60",
+             "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True,
+        )
+        router.log_path = tmp / "router.log"  # type: ignore[attr-defined]
+        procs.append(router)
+        rurl = f"http://127.0.0.1:{port}"
+        wait_healthy(rurl, router, timeout_s=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the router registers workers asynchronously
+            ws = httpx.get(rurl + "/workers", timeout=5).json().get("workers", [])
+            if len(ws) == 2 and all(w.get("is_healthy") for w in ws):
+                break
+            time.sleep(0.2)
+        yield rurl, workers
+    finally:
+        for p in procs:
+            kill(p)
+
+
+def _stats(url: str) -> dict:
+    return httpx.get(url + "/stats", timeout=5).json()
+
+
+def _check_results(reqs, results, params, cfg):
+    assert len(results) == len(reqs)
+    for req, comps in zip(reqs, results):
+        assert len(comps) == 1 and comps[0].request_id == req.request_id
+        c = comps[0]
+        assert c.finish_reason in ("stop", "length")
+        assert_greedy_against_model(params, cfg, req.prompt_ids, c.token_ids, c.logprobs)
+
+
+def test_router_spreads_then_survives_a_killed_worker(fleet):
+    rurl, workers = fleet
+    cfg = tiny()
+    params = init_params(cfg, jax.random.PRNGKey(INIT_SEED))
+    sp = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+    # 1) spreading: 8 requests through the router reach both workers, each exactly once
+    reqs = [GenerationRequest(p, sp, request_id=f"a{i}") for i, p in enumerate(_prompts(8))]
+    with SGLangGenerator(rurl, timeout_s=60, max_retries=4, backoff_s=0.2, concurrency=4) as gen:
+        before = [_stats(u)["generate_requests"] for _, u in workers]
+        results = gen.generate(reqs)
+        counts = [_stats(u)["generate_requests"] - b for (_, u), b in zip(workers, before)]
+    assert min(counts) >= 1 and sum(counts) == len(reqs), counts
+    _check_results(reqs, results, params, cfg)
+
+    # 2) kill worker 1 while it is generating; every prompt still completes exactly once
+    reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=24), request_id=f"b{i}")
+            for i, p in enumerate(_prompts(24))]
+    victim_proc, victim_url = workers[1]
+    start = _stats(victim_url)["generate_requests"]
+
+    def killer():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if _stats(victim_url)["generate_requests"] > start:
+                    break
+            except httpx.HTTPError:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)  # mid-generation: each batch takes several 25 ms chunks
+        kill(victim_proc)
+
+    t = threading.Thread(target=killer)
+    with SGLangGenerator(rurl, timeout_s=60, max_retries=8, backoff_s=0.2, concurrency=8) as gen:
+        t.start()
+        results = gen.generate(reqs)
+        t.join()
+        client_stats = dict(gen.stats)
+    assert victim_proc.poll() is not None
+    _check_results(reqs, results, params, cfg)
+    survivor = _stats(workers[0][1])
+    assert survivor["generate_requests"] > 0
+    print("client stats after the kill:", client_stats)

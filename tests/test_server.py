@@ -1,0 +1,293 @@
+"""The SGLang-API server as a real subprocess: response shape, logprobs vs the model, weight updates, 400s.
+
+References are independent of the server: greedy tokens and their log-probs are checked against a
+teacher-forced :func:`scalerl_jax.models.forward` pass over prompt + output, and a loaded checkpoint's
+outputs against the in-process engine built from the same checkpoint file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scalerl_jax.models import forward, init_params, load_hf_checkpoint, save_hf_checkpoint, tiny
+from scalerl_jax.rollout.engine import JaxEngine
+from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+JAX_CACHE = os.path.join(tempfile.gettempdir(), "scalerl_jax_test_server_xla_cache")
+PROMPTS = [[3, 12, 4, 13, 5, 14], [11, 10, 12, 2, 14], [7, 7, 13, 9, 14], [4, 14]]  # <= 9 tokens: one shape bucket
+
+
+# ---- helpers shared with test_router.py and test_sglang_client.py ----------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 90.0, path: str = "/health"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}:\n{_tail(proc)}")
+        try:
+            if httpx.get(url + path, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}{path} not healthy after {timeout_s}s:\n{_tail(proc) if proc else ''}")
+
+
+def _tail(proc: subprocess.Popen) -> str:
+    log = getattr(proc, "log_path", None)
+    return Path(log).read_text()[-3000:] if log and Path(log).exists() else ""
+
+
+def start_server(tmp: Path, *args: str, name: str = "server") -> tuple[subprocess.Popen, str]:
+    """``python -m scalerl_jax.serve ARGS`` on a free loopback port (not yet waited for)."""
+    port = free_port()
+    log_path = tmp / f"{name}-{port}.log"
+    # the servers compile the same shapes: share XLA executables between them through JAX's persistent cache
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": JAX_CACHE,
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalerl_jax.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+    )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill the process group we started (server or router) and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def save_random_checkpoint(path: Path, seed: int) -> Path:
+    save_hf_checkpoint(init_params(tiny(), jax.random.PRNGKey(seed)), tiny(), path)
+    return path
+
+
+_forward = jax.jit(forward, static_argnums=2)
+
+
+def assert_greedy_against_model(params, cfg, prompt: list[int], out_ids: list[int], out_lps: list[float]) -> None:
+    """Each output token is an argmax of the teacher-forced logits, with the matching log-prob.
+
+    The sequence is right-padded to ``cfg.max_seq_len`` (causal: padding cannot change earlier positions) so
+    that one compiled forward serves every call.
+    """
+    seq = prompt + out_ids
+    toks = np.zeros((1, cfg.max_seq_len), np.int32)
+    toks[0, : len(seq)] = seq
+    logits = np.asarray(_forward(jax.tree.map(jnp.asarray, params), jnp.asarray(toks), cfg))[0]
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    for k, (t, lp) in enumerate(zip(out_ids, out_lps)):
+        row = logp[len(prompt) - 1 + k]
+        assert row[t] >= row.max() - 1e-4, f"token {k}: {t} is not the argmax {row.argmax()}"
+        assert abs(row[t] - lp) < 1e-4, f"token {k}: logprob {lp} vs model {row[t]}"
+
+
+# ---- fixtures ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpts")
+    return save_random_checkpoint(d / "a", 1), save_random_checkpoint(d / "b", 2)
+
+
+@pytest.fixture(scope="module")
+def server(ckpts, tmp_path_factory):
+    proc, url = start_server(tmp_path_factory.mktemp("logs"), "--model", str(ckpts[0]), "--max-batch", "8",
+                             "--decode-chunk", "4")
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        kill(proc)
+
+
+def _generate(url: str, body: dict, status: int = 200):
+    r = httpx.post(url + "/generate", json=body, timeout=120.0)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+# ---- tests -------------------------------------------------------------------------------------------------
+
+
+def test_generate_has_sglang_shape_and_model_logprobs(server, ckpts):
+    params, cfg = load_hf_checkpoint(ckpts[0])
+    out = _generate(server, {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0, "max_new_tokens": 12},
+                             "return_logprob": True, "rid": "abc"})
+    assert isinstance(out, dict) and set(out) >= {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["id"] == "abc" and meta["prompt_tokens"] == len(PROMPTS[0])
+    assert meta["completion_tokens"] == len(out["output_ids"]) == len(meta["output_token_logprobs"])
+    assert meta["weight_version"] == "0" and isinstance(meta["weight_version"], str)
+    fr = meta["finish_reason"]
+    if fr["type"] == "length":
+        assert fr["length"] == 12 == len(out["output_ids"])
+    else:
+        assert fr == {"type": "stop", "matched": 1} and out["output_ids"][-1] == 1  # eos of tiny
+    for triple, t in zip(meta["output_token_logprobs"], out["output_ids"]):
+        assert len(triple) == 3 and triple[1] == t and triple[2] is None
+    assert_greedy_against_model(params, cfg, PROMPTS[0], out["output_ids"],
+                                [t[0] for t in meta["output_token_logprobs"]])
+    assert meta["output_token_versions"] == [0] * len(out["output_ids"])
+    assert meta["output_token_injected"] == [False] * len(out["output_ids"])
+
+
+def test_batch_and_n_return_prompt_major_list(server, ckpts):
+    params, cfg = load_hf_checkpoint(ckpts[0])
+    out = _generate(server, {"input_ids": PROMPTS[:2], "sampling_params": {"temperature": 0, "max_new_tokens": 6,
+                                                                          "n": 2}, "return_logprob": True})
+    assert isinstance(out, list) and len(out) == 4
+    for k, o in enumerate(out):
+        prompt = PROMPTS[k // 2]
+        assert o["meta_info"]["prompt_tokens"] == len(prompt)
+        assert_greedy_against_model(params, cfg, prompt, o["output_ids"],
+                                    [t[0] for t in o["meta_info"]["output_token_logprobs"]])
+    assert len({o["meta_info"]["id"] for o in out}) == 4
+    # a single prompt with n > 1 is also a list; per-prompt sampling_params lists are accepted
+    out = _generate(server, {"input_ids": PROMPTS[2], "sampling_params": {"max_new_tokens": 3, "n": 3}})
+    assert isinstance(out, list) and len(out) == 3 and all("output_token_logprobs" not in o["meta_info"] for o in out)
+    sps = [{"max_new_tokens": 2}, {"max_new_tokens": 5, "stop_token_ids": []}]
+    out = _generate(server, {"input_ids": PROMPTS[:2], "sampling_params": sps})
+    assert [o["meta_info"]["completion_tokens"] <= m for o, m in zip(out, (2, 5))] == [True, True]
+
+
+def test_stop_token_ids_stop_generation(server):
+    first = _generate(server, {"input_ids": PROMPTS[1], "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+    t0 = first["output_ids"][0]
+    out = _generate(server, {"input_ids": PROMPTS[1], "sampling_params": {"temperature": 0, "max_new_tokens": 8,
+                                                                         "stop_token_ids": [t0]}})
+    assert out["output_ids"] == [t0]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": t0}
+
+
+def test_length_control_extension(server):
+    lc = {"think_end_ids": [16], "interruption_ids": [15, 16], "budget_lo": 3, "budget_hi": 3, "answer_budget": 4}
+    # ids 15/16 (';', '#') are the interruption text; greedy output of this prompt never emits '#' in 3 tokens?
+    out = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"temperature": 0, "max_new_tokens": 20,
+                                                                         "stop_token_ids": [1]},
+                             "length_control": lc, "return_logprob": True})
+    meta = out["meta_info"]
+    assert meta["think_budget"] == 3
+    inj = meta["output_token_injected"]
+    if any(inj):  # interrupted exactly at the budget: 3 sampled tokens, then the 2 injected ids
+        assert inj[:5] == [False, False, False, True, True] and out["output_ids"][3:5] == [15, 16]
+        assert meta["output_token_versions"][3:5] == [-1, -1]
+        assert [t[0] for t in meta["output_token_logprobs"][3:5]] == [0.0, 0.0]
+        assert len(out["output_ids"]) <= 3 + 2 + 4
+    else:  # thinking ended (16 emitted) within the budget
+        assert 16 in out["output_ids"][:3]
+    bad = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"max_new_tokens": 5}, "length_control": lc},
+                    400)
+    assert "budget_hi" in bad["message"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": [3, 17]}, "outside the vocabulary"),
+    ({"input_ids": [3, -1]}, "outside the vocabulary"),
+    ({"input_ids": [[3], []]}, "empty"),
+    ({"input_ids": [3, "x"]}, "integer"),
+    ({"input_ids": "3 4"}, "input_ids"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
+    ({"input_ids": [3], "sampling_params": {"temperature": -0.5}}, "temperature"),
+    ({"input_ids": [3], "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"input_ids": [3], "sampling_params": {"n": 0}}, "n"),
+    ({"input_ids": [3], "sampling_params": {"stop_token_ids": [99]}}, "stop_token_ids"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1000}}, "max_len"),
+    ({"input_ids": [3], "sampling_params": []}, "sampling_params"),
+    ({"input_ids": [3], "return_logprob": "yes"}, "return_logprob"),
+    ({"sampling_params": {}}, "input_ids"),
+    ([1, 2, 3], "JSON object"),
+])
+def test_bad_requests_get_400_and_server_keeps_serving(server, body, needle):
+    r = httpx.post(server + "/generate", json=body, timeout=30.0)
+    assert r.status_code == 400, r.text
+    assert r.json()["object"] == "error" and needle in r.json()["message"]
+    assert _generate(server, {"input_ids": [3], "sampling_params": {"max_new_tokens": 1}})["meta_info"]
+
+
+def test_malformed_json_and_bad_control_calls_get_400(server):
+    for route, raw in [("/generate", b'{"input_ids": [3,'), ("/generate", b"\xff\xfe"),
+                       ("/update_weights_from_disk", b"{}"), ("/pause_generation", b'{"mode": "sideways"}'),
+                       ("/update_weights_from_disk", b'{"model_path": "/nonexistent/ckpt", "weight_version": "3"}'),
+                       ("/update_weights_from_disk", b'{"model_path": "/tmp", "weight_version": "v-three"}')]:
+        r = httpx.post(server + route, content=raw, headers={"content-type": "application/json"}, timeout=30.0)
+        assert r.status_code == 400, (route, raw, r.text)
+        assert r.json().get("message")
+    assert httpx.get(server + "/get_weight_version").json() == {"weight_version": "0"}
+    assert httpx.get(server + "/health").status_code == 200
+    assert httpx.get(server + "/health_generate").status_code == 200
+
+
+def test_model_info_and_text_input(server):
+    info = httpx.get(server + "/get_model_info").json()
+    assert info["is_generation"] is True and "length_control" in info["scalerl_extensions"]
+    assert info["vocab_size"] == 17 and info["weight_version"] == "0"
+    out = _generate(server, {"text": "12+3=", "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert out["meta_info"]["prompt_tokens"] == 5
+
+
+def test_update_weights_from_disk_changes_version_and_outputs(server, ckpts):
+    """Outputs after the update equal the in-process engine on checkpoint B (and differ from A's)."""
+    body = {"input_ids": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 10}, "return_logprob": True}
+    before = _generate(server, body)
+    r = httpx.post(server + "/update_weights_from_disk",
+                   json={"model_path": str(ckpts[1]), "weight_version": "5", "flush_cache": True}, timeout=60.0)
+    assert r.status_code == 200 and r.json()["success"] is True, r.text
+    assert httpx.get(server + "/get_weight_version").json() == {"weight_version": "5"}
+    after = _generate(server, body)
+    assert all(o["meta_info"]["weight_version"] == "5" for o in after)
+    assert all(o["meta_info"]["output_token_versions"] == [5] * len(o["output_ids"]) for o in after)
+    assert [o["output_ids"] for o in before] != [o["output_ids"] for o in after]
+
+    engine = JaxEngine.from_hf(ckpts[1], max_batch=8, max_len=64, decode_chunk=4)
+    ref = engine.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=10)) for p in PROMPTS])
+    for o, cs in zip(after, ref):
+        assert o["output_ids"] == cs[0].token_ids
+        np.testing.assert_allclose([t[0] for t in o["meta_info"]["output_token_logprobs"]], cs[0].logprobs, atol=1e-5)
+    params_b, cfg = load_hf_checkpoint(ckpts[1])
+    for o, p in zip(after, PROMPTS):
+        lps = [t[0] for t in o["meta_info"]["output_token_logprobs"]]
+        assert_greedy_against_model(params_b, cfg, p, o["output_ids"], lps)
+    # and back to A: the first outputs come back
+    r = httpx.post(server + "/update_weights_from_disk", json={"model_path": str(ckpts[0]), "weight_version": "6"},
+                   timeout=60.0)
+    assert r.json()["success"] is True
+    assert [o["output_ids"] for o in _generate(server, body)] == [o["output_ids"] for o in before]
+
+
+def test_cli_help_explains_options():
+    out = subprocess.run([sys.executable, "-m", "scalerl_jax.serve", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert out.returncode == 0
+    for opt in ("--preset", "--model", "--port", "--max-batch", "--max-len", "--decode-chunk", "--weight-version"):
+        assert opt in out.stdout

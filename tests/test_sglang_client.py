@@ -1,0 +1,281 @@
+"""SGLangGenerator: retries with back-off, failover, exactly-once results, response mapping, the in-flight
+weight update on a real server, client-side interruption, and payloads vs SGLang's own dataclasses."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
+from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, generate_payload
+from tests.test_server import free_port, kill, save_random_checkpoint, start_server, wait_healthy
+
+# ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
+
+
+def _fake_output(body: dict, j: int, version: str = "default") -> dict:
+    """What real SGLang returns for one sample: output = prompt reversed (so outputs identify prompts)."""
+    ids = list(reversed(body["input_ids"]))[: body["sampling_params"].get("max_new_tokens", 16)]
+    meta = {"id": f"x{j}", "finish_reason": {"type": "length", "length": len(ids)}, "prompt_tokens": len(ids),
+            "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version}
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[-0.5 - k, t, None] for k, t in enumerate(ids)]
+    return {"text": "", "output_ids": ids, "meta_info": meta}
+
+
+class FakeSGLang:
+    """``fail_first``: that many /generate calls answer 503; ``drop_all``: close the connection without an answer
+    (a server dying mid-request); ``status``: a fixed error status for every call."""
+
+    def __init__(self, fail_first: int = 0, drop_all: bool = False, status: int | None = None, version="default"):
+        self.fail_first, self.drop_all, self.status, self.version = fail_first, drop_all, status, version
+        self.calls: list[dict] = []
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake.lock:
+                    fake.calls.append(body)
+                    fake.times.append(time.monotonic())
+                    k = len(fake.calls)
+                if fake.drop_all:
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if fake.status is not None or k <= fake.fail_first:
+                    return self._send(fake.status or 503, {"object": "error", "message": "try later"})
+                n = body["sampling_params"].get("n", 1)
+                outs = [_fake_output(body, j, fake.version) for j in range(n)]
+                self._send(200, outs[0] if n == 1 else outs)
+
+            def _send(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fakes():
+    made = []
+
+    def make(**kw):
+        made.append(FakeSGLang(**kw))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def _reqs(k: int, n: int = 1, max_new: int = 8) -> list[GenerationRequest]:
+    return [GenerationRequest([2 + i, 3 + i, 4 + i], SamplingParams(max_new_tokens=max_new, n=n), request_id=f"r{i}")
+            for i in range(k)]
+
+
+# ---- retries, back-off, failover, exactly once -------------------------------------------------------------
+
+
+def test_retries_with_exponential_backoff_then_succeeds(fakes):
+    srv = fakes(fail_first=3)
+    with SGLangGenerator(srv.url, max_retries=3, backoff_s=0.1, concurrency=1, timeout_s=10) as gen:
+        (comps,) = gen.generate(_reqs(1))
+    assert len(srv.calls) == 4 and comps[0].token_ids == [4, 3, 2]
+    gaps = [b - a for a, b in zip(srv.times, srv.times[1:])]
+    for gap, want in zip(gaps, (0.1, 0.2, 0.4)):  # doubling back-off (plus at most 10 % jitter)
+        assert want <= gap < want * 1.1 + 0.15, gaps
+
+
+def test_gives_up_after_max_retries_and_400_is_not_retried(fakes):
+    srv = fakes(fail_first=100)
+    with SGLangGenerator(srv.url, max_retries=2, backoff_s=0.01, timeout_s=10) as gen:
+        with pytest.raises(GenerationError, match="after 3 attempts"):
+            gen.generate(_reqs(1))
+    assert len(srv.calls) == 3
+    bad = fakes(status=400)
+    with SGLangGenerator(bad.url, max_retries=5, backoff_s=0.01, timeout_s=10) as gen:
+        with pytest.raises(GenerationError, match="HTTP 400"):
+            gen.generate(_reqs(1))
+    assert len(bad.calls) == 1
+
+
+def test_failover_from_dead_and_dying_servers_exactly_once(fakes):
+    """A closed port and a server that drops every connection mid-request: everything lands on the live one."""
+    live, dying = fakes(), fakes(drop_all=True)
+    dead_url = f"http://127.0.0.1:{free_port()}"
+    reqs = _reqs(12, n=2)
+    with SGLangGenerator([dead_url, dying.url, live.url], max_retries=4, backoff_s=0.02, concurrency=6,
+                         timeout_s=10) as gen:
+        results = gen.generate(reqs)
+    assert len(dying.calls) >= 1  # in-flight requests on the dying server were re-sent
+    prompts_served = sorted(tuple(c["input_ids"]) for c in live.calls)
+    assert prompts_served == sorted(tuple(r.prompt_ids) for r in reqs)  # each request completed once, on `live`
+    for r, comps in zip(reqs, results):
+        assert [c.sample_index for c in comps] == [0, 1] and all(c.request_id == r.request_id for c in comps)
+        assert all(c.token_ids == list(reversed(r.prompt_ids)) for c in comps)
+
+
+def test_maps_plain_sglang_responses(fakes):
+    """No extension fields: logprobs from the triples, every token gets the server's weight_version."""
+    srv = fakes(version="12")
+    with SGLangGenerator(srv.url, timeout_s=10, server_length_control=True) as gen:
+        (comps,) = gen.generate(_reqs(1, max_new=2))
+    c = comps[0]
+    assert c.token_ids == [4, 3] and c.logprobs == [-0.5, -1.5] and c.versions == [12, 12]
+    assert c.injected == [False, False] and c.finish_reason == "length" and c.truncated
+    body = srv.calls[0]
+    assert body["input_ids"] == [2, 3, 4] and body["return_logprob"] is True
+    assert body["sampling_params"] == {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 2, "n": 1}
+    srv2 = fakes()  # "default" (SGLang before any update) -> the client's own version
+    with SGLangGenerator(srv2.url, timeout_s=10, version=4) as gen:
+        assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [4]
+
+
+# ---- against our real server ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("client")
+    ckpt_b = save_random_checkpoint(tmp / "b", 11)
+    proc, url = start_server(tmp, "--preset", "tiny", "--init-seed", "10", "--max-batch", "8", "--decode-chunk", "4",
+                             "--debug-chunk-delay-ms", "60")
+    try:
+        wait_healthy(url, proc)
+        yield url, ckpt_b
+    finally:
+        kill(proc)
+
+
+def test_in_flight_weight_update_sequence(real):
+    url, ckpt_b = real
+    # one request with n=3: one HTTP call, hence one engine batch
+    reqs = [GenerationRequest([3, 12, 4, 13, 5, 14], SamplingParams(max_new_tokens=40, n=3), request_id="w")]
+    with SGLangGenerator(url, timeout_s=60, concurrency=4) as gen:
+        gen.generate([GenerationRequest([3, 12], SamplingParams(max_new_tokens=2))])  # compile before timing
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", gen.generate(reqs)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/stats").json()["engine_batches"] < 1 or not _in_flight(url):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.2)  # a few chunks into the batch
+        gen.update_weights(str(ckpt_b), 7)
+        t.join()
+        assert gen.weight_version == 7
+    events = [e for e in httpx.get(url + "/stats").json()["events"]]
+    names = [e["event"] for e in events]
+    assert names == ["pause_generation", "update_weights_from_disk", "continue_generation"]
+    assert events[0]["mode"] == "in_place" and events[0]["in_flight"] == 1 and events[1]["halted"] is True
+    assert events[1]["weight_version"] == "7"
+    assert httpx.get(url + "/get_weight_version").json() == {"weight_version": "7"}
+    (comps,) = out["r"]
+    assert len(comps) == 3
+    for c in comps:
+        v = c.versions
+        assert len(v) == 40 and v[0] == 0 and v[-1] == 7 and v == sorted(v), v  # old prefix, new suffix
+
+
+def _in_flight(url: str) -> bool:
+    s = httpx.get(url + "/stats").json()
+    return s["generate_requests"] > s["engine_batches"] + s["aborted_requests"]
+
+
+def test_client_side_interruption_matches_server_semantics(real):
+    url, _ = real
+    # prompt + budget + interruption <= 9 tokens keeps the client's second call in the same compiled shape
+    lc = LengthControl(think_end_ids=(16,), interruption_ids=(15, 16), budget_lo=2, budget_hi=3, answer_budget=4)
+    reqs = [GenerationRequest([3 + i, 12, 4, 14], SamplingParams(max_new_tokens=20, n=2, stop_token_ids=(1,)),
+                              request_id=f"i{i}") for i in range(3)]
+    for server_side in (True, False):
+        with SGLangGenerator(url, timeout_s=60, concurrency=4, length=lc, server_length_control=server_side) as gen:
+            results = gen.generate(reqs)
+        for comps in results:
+            assert len(comps) == 2
+            for c in comps:
+                assert 2 <= c.think_budget <= 3
+                b = c.think_budget
+                sampled_head = c.token_ids[:b]
+                if any(c.injected):
+                    assert 16 not in sampled_head and c.injected[b : b + 2] == [True, True]
+                    assert c.token_ids[b : b + 2] == [15, 16] and c.versions[b : b + 2] == [INJECTED_VERSION] * 2
+                    assert c.logprobs[b : b + 2] == [0.0, 0.0] and sum(c.injected) == 2
+                    assert len(c.token_ids) <= b + 2 + 4
+                    assert c.finish_reason in ("interrupted", "length")
+                else:
+                    assert 16 in sampled_head or c.finish_reason == "stop"
+
+
+def test_abort_pause_returns_abort_and_client_resends(real):
+    """pause(abort) mid-batch: the server answers abort (SGLang's shape); the client re-sends it after continue."""
+    url, _ = real
+    req = GenerationRequest([5, 12, 6, 14], SamplingParams(max_new_tokens=40), request_id="ab")
+    raw: dict = {}
+    body = generate_payload(req.prompt_ids, req.params)
+    t = threading.Thread(target=lambda: raw.setdefault("r", httpx.post(url + "/generate", json=body, timeout=60)))
+    t.start()
+    time.sleep(0.3)
+    assert httpx.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
+    t.join()
+    assert raw["r"].status_code == 200 and raw["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+    httpx.post(url + "/continue_generation", json={})
+
+    with SGLangGenerator(url, timeout_s=60, max_retries=10, backoff_s=0.1) as gen:
+        th = threading.Thread(target=lambda: raw.setdefault("c", gen.generate([req])))
+        th.start()
+        time.sleep(0.3)
+        httpx.post(url + "/pause_generation", json={"mode": "abort"})
+        time.sleep(0.3)  # paused: the re-sent request waits
+        assert "c" not in raw
+        httpx.post(url + "/continue_generation", json={})
+        th.join()
+        assert gen.stats["retries"] >= 1
+    (c,) = raw["c"][0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 40
+
+
+# ---- payloads vs SGLang's own request dataclasses ------------------------------------------------------------
+
+
+def test_payloads_validate_against_sglang_dataclasses():
+    try:
+        from sglang.srt.managers.io_struct import GenerateReqInput, UpdateWeightFromDiskReqInput
+    except Exception as e:  # noqa: BLE001 - any import failure means: not available here
+        pytest.skip(f"sglang is not importable ({type(e).__name__}: {e}); it cannot be installed on CPU machines")
+    import dataclasses
+
+    body = generate_payload([1, 2, 3], SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5, n=2,
+                                                      stop_token_ids=(1,)))
+    fields = {f.name for f in dataclasses.fields(GenerateReqInput)}
+    assert set(body) <= fields, set(body) - fields
+    obj = GenerateReqInput(**body)
+    obj.normalize_batch_and_arguments()
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGSamplingParams
+
+    SGSamplingParams(**body["sampling_params"]).verify(vocab_size=17)
+    upd = {"model_path": "/ckpt", "weight_version": "3", "flush_cache": False}
+    ufields = {f.name for f in dataclasses.fields(UpdateWeightFromDiskReqInput)}
+    assert set(upd) <= ufields, set(upd) - ufields
+    UpdateWeightFromDiskReqInput(**upd)

@@ -52,7 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import Params, forward_cached, init_cache, lm_logits, param_shapes
+from scalerl_jax.models.llama import (
+    Params, _dt, _embed, forward_cached, init_cache, lm_logits, param_shapes, rms_norm, rope_inv_freq,
+)
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
 from scalerl_jax.rollout.sampling import sample_tokens
 
@@ -69,18 +71,76 @@ def _pow2_at_least(n: int, minimum: int = 1) -> int:
 # ---- jitted pieces ------------------------------------------------------------------------------------
 
 
-def _prefill(params: Params, cache, tokens_BT: jax.Array, *, cfg: ModelConfig):
-    """Write the K/V of ``tokens_BT`` (positions 0..T-1 in every row) into ``cache``."""
+def _prefill(params: Params, tokens_BT: jax.Array, *, cfg: ModelConfig, slots: int):
+    """K/V of ``tokens_BT`` (positions 0..T-1 in every row) in a fresh cache of ``slots`` slots, in the decode
+    layout ``{"k", "v"}: [L, B, K, S, Dh]``. The prefill runs :func:`forward_cached` on a cache of exactly T
+    slots (cheap cache writes), which is then zero-padded to ``slots``."""
     B, T = tokens_BT.shape
     pos_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    _, cache = forward_cached(params, tokens_BT, pos_BT, cache, cfg)
-    return cache
+    _, cache = forward_cached(params, tokens_BT, pos_BT, init_cache(cfg, B, T), cfg)
+    pad = ((0, 0), (0, 0), (0, 0), (0, slots - T), (0, 0))
+    return {n: jnp.pad(jnp.swapaxes(cache[n], 2, 3), pad) for n in ("k", "v")}
+
+
+def _rope_1(x_BHD: jax.Array, cos_BD: jax.Array, sin_BD: jax.Array) -> jax.Array:
+    """Rotate-half RoPE for one position per row (same convention as :func:`llama.apply_rope`)."""
+    x = x_BHD.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x * cos_BD[:, None] + rot * sin_BD[:, None]).astype(x_BHD.dtype)
+
+
+def _decode_forward(params: Params, tok_B: jax.Array, pos_B: jax.Array, cache, cfg: ModelConfig):
+    """Single-token forward for decode: feed ``tok_B`` at ``pos_B``, return (final-norm hidden [B, D], cache).
+
+    Same math as :func:`llama.forward_cached` with T = 1, but specialised for CPU/GPU decode speed: the cache is
+    laid out [L, B, K, S, Dh] (attention is then a plain batched matmul over (B, K)), it travels in the
+    layer-scan carry so the new K/V is scattered in place, and RoPE angles are computed once per step.
+    """
+    dt = _dt(cfg.dtype)
+    B = tok_B.shape[0]
+    S = cache["k"].shape[3]
+    K, Dh = cfg.n_kv_heads, cfg.head_dim
+    G = cfg.n_heads // K
+    ang_BF = pos_B.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
+    cos_BD = jnp.cos(jnp.concatenate([ang_BF, ang_BF], -1))
+    sin_BD = jnp.sin(jnp.concatenate([ang_BF, ang_BF], -1))
+    mask_BS = jnp.arange(S)[None, :] <= pos_B[:, None]
+    b_idx = jnp.arange(B)[:, None]
+    k_idx = jnp.arange(K)[None, :]
+    scale = 1.0 / math.sqrt(Dh)
+
+    def body(carry, xs):
+        x_BD, ck, cv = carry
+        lp, layer = xs
+        h = rms_norm(x_BD, lp["attn_norm"], cfg.rms_eps)
+        q_BHD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wq"].astype(dt)), cos_BD, sin_BD)
+        k_BKD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wk"].astype(dt)), cos_BD, sin_BD)
+        v_BKD = jnp.einsum("bd,dhk->bhk", h, lp["wv"].astype(dt))
+        ck = ck.at[layer, b_idx, k_idx, pos_B[:, None]].set(k_BKD.astype(ck.dtype))
+        cv = cv.at[layer, b_idx, k_idx, pos_B[:, None]].set(v_BKD.astype(cv.dtype))
+        q_BKGD = q_BHD.reshape(B, K, G, Dh)
+        s_BKGS = jnp.einsum("bkgd,bksd->bkgs", q_BKGD, ck[layer].astype(dt), preferred_element_type=jnp.float32)
+        s_BKGS = jnp.where(mask_BS[:, None, None], s_BKGS * scale, jnp.finfo(jnp.float32).min)
+        p_BKGS = jax.nn.softmax(s_BKGS, axis=-1).astype(dt)
+        o_BHD = jnp.einsum("bkgs,bksd->bkgd", p_BKGS, cv[layer].astype(dt)).reshape(B, K * G, Dh)
+        x_BD = x_BD + jnp.einsum("bhk,hkd->bd", o_BHD, lp["wo"].astype(dt))
+        h = rms_norm(x_BD, lp["mlp_norm"], cfg.rms_eps)
+        g = jnp.einsum("bd,df->bf", h, lp["w_gate"].astype(dt))
+        u = jnp.einsum("bd,df->bf", h, lp["w_up"].astype(dt))
+        x_BD = x_BD + jnp.einsum("bf,fd->bd", jax.nn.silu(g) * u, lp["w_down"].astype(dt))
+        return (x_BD, ck, cv), None
+
+    x_BD = _embed(params, tok_B[:, None], cfg)[:, 0]
+    layers = jnp.arange(cfg.n_layers)
+    (x_BD, ck, cv), _ = jax.lax.scan(body, (x_BD, cache["k"], cache["v"]), (params["layers"], layers))
+    return rms_norm(x_BD, params["final_norm"], cfg.rms_eps), {"k": ck, "v": cv}
 
 
 def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, use_top_p: bool):
     """One token for every row: feed the pending token, choose the next, advance the state machine."""
-    hidden_B1D, cache = forward_cached(params, st["tok"][:, None], st["pos"][:, None], cache, cfg)
-    logits_BV = lm_logits(params, hidden_B1D[:, 0], cfg)
+    hidden_BD, cache = _decode_forward(params, st["tok"], st["pos"], cache, cfg)
+    logits_BV = lm_logits(params, hidden_BD, cfg)
     samp_B, samp_lp_B = sample_tokens(logits_BV, rows["temp"], rows["top_p"], key, use_top_p=use_top_p)
 
     active_B = ~st["done"]
@@ -141,6 +201,11 @@ def _decode_chunk(params, cache, st, rows, key, *, cfg: ModelConfig, n_steps: in
     return cache, st, ys
 
 
+# Module-level jits (the config is a static, hashable argument): engines over the same config share compiled code.
+_prefill_jit = jax.jit(_prefill, static_argnames=("cfg", "slots"))
+_decode_chunk_jit = jax.jit(_decode_chunk, static_argnames=("cfg", "n_steps", "use_top_p"), donate_argnums=(1, 2))
+
+
 # ---- host side ---------------------------------------------------------------------------------------
 
 
@@ -196,9 +261,8 @@ class JaxEngine:
         self._busy = False
         self._rng = np.random.default_rng(seed)
         self._key = jax.random.PRNGKey(seed)
-        self._prefill_fn = jax.jit(functools.partial(_prefill, cfg=model_cfg), donate_argnums=(1,))
-        self._decode_fn = jax.jit(functools.partial(_decode_chunk, cfg=model_cfg),
-                                  static_argnames=("n_steps", "use_top_p"), donate_argnums=(1, 2))
+        self._prefill_fn = functools.partial(_prefill_jit, cfg=model_cfg)
+        self._decode_fn = functools.partial(_decode_chunk_jit, cfg=model_cfg)
 
     # ---- construction / weights ----
 
@@ -364,8 +428,9 @@ class JaxEngine:
         self._key, wave_key = jax.random.split(self._key)
 
         params, version = self._current()
-        cache = init_cache(self.cfg, B, self.max_len)
-        cache = self._prefill_fn(params, cache, jnp.asarray(tokens_BT))
+        S = min(self.max_len, _pow2_at_least(max(len(r.prompt) + r.max_new for r in rows), 16))
+        T = min(T, S)
+        cache = self._prefill_fn(params, jnp.asarray(tokens_BT), slots=S)
         consts = {k: jnp.asarray(v) for k, v in consts_np.items()}
         st = {k: jnp.asarray(v) for k, v in st_np.items()}
         done_at = np.full(B, np.nan)

@@ -19,7 +19,14 @@ import pytest
 from scalerl_jax.models import init_params, tiny
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from tests.test_server import assert_greedy_against_model, free_port, kill, start_server, wait_healthy
+from tests.test_server import (
+    assert_greedy_against_model,
+    free_port,
+    kill,
+    save_random_checkpoint,
+    start_server,
+    wait_healthy,
+)
 
 pytest.importorskip("sglang_router")
 
@@ -63,7 +70,7 @@ def fleet(tmp_path_factory):
             if len(ws) == 2 and all(w.get("is_healthy") for w in ws):
                 break
             time.sleep(0.2)
-        yield rurl, workers
+        yield rurl, workers, tmp
     finally:
         for p in procs:
             kill(p)
@@ -73,17 +80,17 @@ def _stats(url: str) -> dict:
     return httpx.get(url + "/stats", timeout=5).json()
 
 
-def _check_results(reqs, results, params, cfg):
+def _check_results(reqs, results, params, cfg, version):
     assert len(results) == len(reqs)
     for req, comps in zip(reqs, results):
         assert len(comps) == 1 and comps[0].request_id == req.request_id
         c = comps[0]
-        assert c.finish_reason in ("stop", "length")
+        assert c.finish_reason in ("stop", "length") and c.versions == [version] * len(c.token_ids)
         assert_greedy_against_model(params, cfg, req.prompt_ids, c.token_ids, c.logprobs)
 
 
 def test_router_spreads_then_survives_a_killed_worker(fleet):
-    rurl, workers = fleet
+    rurl, workers, tmp = fleet
     cfg = tiny()
     params = init_params(cfg, jax.random.PRNGKey(INIT_SEED))
     sp = SamplingParams(temperature=0.0, max_new_tokens=16)
@@ -95,7 +102,13 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
         results = gen.generate(reqs)
         counts = [_stats(u)["generate_requests"] - b for (_, u), b in zip(workers, before)]
     assert min(counts) >= 1 and sum(counts) == len(reqs), counts
-    _check_results(reqs, results, params, cfg)
+    _check_results(reqs, results, params, cfg, 0)
+
+    # a weight update given the router URL reaches every worker (the router does not forward control routes;
+    # the client expands the router into its workers). Same weights, new version tag.
+    with SGLangGenerator(rurl, timeout_s=60) as gen:
+        gen.update_weights(str(save_random_checkpoint(tmp / "same", INIT_SEED)), 3)
+    assert [httpx.get(u + "/get_weight_version").json()["weight_version"] for _, u in workers] == ["3", "3"]
 
     # 2) kill worker 1 while it is generating; every prompt still completes exactly once
     reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=24), request_id=f"b{i}")
@@ -122,7 +135,7 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
         t.join()
         client_stats = dict(gen.stats)
     assert victim_proc.poll() is not None
-    _check_results(reqs, results, params, cfg)
+    _check_results(reqs, results, params, cfg, 3)
     survivor = _stats(workers[0][1])
     assert survivor["generate_requests"] > 0
     print("client stats after the kill:", client_stats)

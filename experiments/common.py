@@ -1,0 +1,266 @@
+"""What every experiment shares: the plan dataclass, field overrides, the end-to-end run, the dry run and
+the run report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalerl_jax.config import ConfigError, ExperimentConfig
+
+
+@dataclass(frozen=True)
+class ExperimentPlan:
+    """An ExperimentConfig plus what the run needs around it (warm start, lengths, the base model)."""
+
+    exp: ExperimentConfig
+    real: bool = False  # needs accelerators (the 8B preset)
+    warm_steps: int = 0  # supervised warm-start steps before RL (tiny); 0 = start from base_model
+    warm_batch: int = 128
+    warm_lr: float = 3e-3
+    warm_warmup: int = 50
+    seq_len: int = 40  # tokens per training row (prompt + completion)
+    base_model: str | None = None  # HF checkpoint dir of the starting policy
+    n_trainer_devices: int = 1
+    variant: str = "scalerl"
+
+
+# ---- command-line overrides onto dataclass fields ----------------------------------------------------------
+
+
+def _coerce(value: str, typ: Any, where: str) -> Any:
+    origin = typing.get_origin(typ)
+    if typ is bool or typ == "bool":
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected a boolean, got {value!r}")
+    if origin is typing.Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
+        return value
+    if origin is tuple:
+        return tuple(v for v in value.split(",") if v)
+    for t in (int, float):
+        if typ is t or (origin is typing.Union and t in typing.get_args(typ)):
+            try:
+                return t(value)
+            except ValueError:
+                if value.lower() == "none" and type(None) in typing.get_args(typ):
+                    return None
+                raise ConfigError(f"{where}: expected {t.__name__}, got {value!r}") from None
+    return value
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply ``a.b.c=value`` overrides to nested frozen dataclasses, with type checks and clear errors."""
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override {ov!r}: expected FIELD=VALUE, e.g. train.lr=2e-4")
+        path, value = ov.split("=", 1)
+        keys = path.split(".")
+
+        def set_in(obj: Any, keys: list[str], where: str) -> Any:
+            hints = typing.get_type_hints(type(obj))
+            if keys[0] not in hints:
+                raise ConfigError(f"override {ov!r}: {type(obj).__name__} has no field {keys[0]!r} "
+                                  f"(fields: {', '.join(f.name for f in dataclasses.fields(obj))})")
+            if len(keys) == 1:
+                return dataclasses.replace(obj, **{keys[0]: _coerce(value, hints[keys[0]], f"{where}{keys[0]}")})
+            return dataclasses.replace(obj, **{keys[0]: set_in(getattr(obj, keys[0]), keys[1:], f"{where}{keys[0]}.")})
+
+        cfg = set_in(cfg, keys, "")
+    return cfg
+
+
+# ---- the end-to-end run ------------------------------------------------------------------------------------
+
+
+def _length_control(exp: ExperimentConfig, encode):
+    from scalerl_jax.rollout.protocol import LengthControl
+
+    lc = exp.rollout.length
+    if lc.kind != "interruption":
+        return None
+    return LengthControl(think_end_ids=tuple(encode(lc.think_end)), interruption_ids=tuple(encode(lc.interruption_text)),
+                         budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)
+
+
+def _reward_transform(exp: ExperimentConfig):
+    lc = exp.rollout.length
+    if lc.kind != "penalty":
+        return None
+    from scalerl_jax.rewards.length_penalty import length_penalty
+
+    def transform(rewards: np.ndarray, completions) -> np.ndarray:
+        lengths = np.asarray([len(c.token_ids) for c in completions], np.float32)
+        return np.asarray(length_penalty(rewards, lengths, rewards > 0, lc.penalty_max_len, lc.penalty_cache))
+
+    return transform
+
+
+def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print) -> dict[str, Any]:
+    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``."""
+    import jax
+
+    from scalerl_jax.data.pipeline import build_prompt_data
+    from scalerl_jax.data.tokenizer import CharTokenizer
+    from scalerl_jax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint
+    from scalerl_jax.rewards import score
+    from scalerl_jax.rollout.engine import JaxEngine
+    from scalerl_jax.train.trainer import RLTrainer
+    from scalerl_jax.train.warmstart import warm_start
+
+    exp = plan.exp
+    run_dir = Path(exp.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
+    t_start = time.time()
+    if exp.data.source != "arith":
+        raise ConfigError("run_experiment on CPU supports the synthetic task (data.source='arith'); real math data "
+                          "needs an HF tokenizer and base model (the 8b preset on accelerators)")
+    tok = CharTokenizer()
+    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed)
+    mcfg = exp.model
+    ws_dir = run_dir / "warmstart"
+    t0 = time.time()
+    if resume and (ws_dir / "config.json").exists():
+        params, _ = load_hf_checkpoint(ws_dir)
+        log(f"[math_8b] reusing the warm start in {ws_dir}")
+        ws_seconds = 0.0
+    else:
+        log(f"[math_8b] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on "
+            f"{len(data.train)} synthetic problems")
+        params = warm_start(mcfg, data.train, encode=tok.encode, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                            seq_len=plan.seq_len, steps=plan.warm_steps, batch_size=plan.warm_batch, lr=plan.warm_lr,
+                            warmup=plan.warm_warmup, seed=exp.train.seed, log=log,
+                            log_path=run_dir / "warmstart.jsonl")
+        save_hf_checkpoint(params, mcfg, ws_dir)  # a real HF checkpoint: the RL run's base model
+        ws_seconds = time.time() - t0
+    params = jax.tree.map(np.asarray, params)
+    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    engine = JaxEngine(mcfg, params, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk,
+                       seed=exp.train.seed)
+    eval_engine = JaxEngine(mcfg, params, max_batch=min(1024, len(data.val) * exp.train.eval_samples),
+                            max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed + 1)
+    trainer = RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score,
+                        pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=engine, eval_generator=eval_engine,
+                        length=_length_control(exp, tok.encode), seq_len=plan.seq_len, run_dir=run_dir,
+                        resume=resume, reward_transform=_reward_transform(exp), log=log)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    summary["warmstart_seconds"] = ws_seconds
+    fit_summary = None
+    if fit:
+        from scalerl_jax.scaling.report import fit_runs
+
+        log("[math_8b] fitting the sigmoid law on the first half of the run's compute")
+        try:
+            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=0.5, num_samples=1000, num_chains=4)
+        except Exception as e:  # noqa: BLE001 -- a failed fit must not lose the run; the report says why
+            log(f"[math_8b] scaling fit failed: {type(e).__name__}: {e}")
+            fit_summary = {"error": f"{type(e).__name__}: {e}"}
+    summary["total_seconds"] = time.time() - t_start
+    summary["ok"] = True
+    (run_dir / "summary.json").write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
+    write_report(run_dir, plan, summary, fit_summary)
+    return summary
+
+
+def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary: dict | None) -> None:
+    """report.md: what ran, the reward curve, the fit and how its half-compute prediction held up."""
+    from scalerl_jax.metrics import read_metrics
+
+    exp = plan.exp
+    evals = read_metrics(run_dir, "eval")
+    lines = [f"# {exp.name}: ScaleRL run report", "",
+             f"Run directory `{run_dir}`. Variant `{plan.variant}`. Model {exp.model.num_params() / 1e6:.2f}M params, "
+             f"loss {exp.loss.kind} (aggregation {exp.loss.aggregation}, normalisation {exp.loss.normalization}, "
+             f"zero-variance filter {exp.loss.filter_zero_variance}), {exp.rollout.mode} k={exp.rollout.k}, "
+             f"{exp.rollout.prompts_per_batch} prompts x {exp.rollout.group_size} samples, LM head "
+             f"{exp.model.head_dtype}, NPR {exp.data.npr}, length control {exp.rollout.length.kind}.", "",
+             "## What happened", "",
+             f"- Warm start: {plan.warm_steps} supervised steps ({summary.get('warmstart_seconds', 0):.0f}s).",
+             f"- RL: {summary['steps']} steps in {summary['wall_seconds']:.0f}s wall; compute "
+             f"{summary['device_hours']:.4f} device-hours; {summary['gen_tokens']} generated tokens.",
+             f"- Trainer busy {summary['trainer_busy_fraction']:.0%}, generator busy "
+             f"{summary['generator_busy_fraction']:.0%} of the RL wall time (they share the CPU).",
+             f"- Filtered zero-variance groups: {summary['filtered_groups']}; prompts removed by No-Positive-"
+             f"Resampling: {summary['npr']['n_removed']}; skipped steps: {summary['skipped_steps']}; batches dropped "
+             f"as too stale: {summary['dropped_stale_batches']}.", ""]
+    if evals:
+        r0, r1 = evals[0]["val_reward"], evals[-1]["val_reward"]
+        best = max(e["val_reward"] for e in evals)
+        lines += ["## Validation reward (mean pass rate)", "",
+                  f"Start {r0:.3f} -> end {r1:.3f} ({(r1 - r0) * 100:+.1f} points); best {best:.3f}.", "",
+                  "| step | device-hours | val reward |", "|---|---|---|"]
+        lines += [f"| {e['step']} | {e['device_hours']:.5f} | {e['val_reward']:.3f} |" for e in evals]
+        lines.append("")
+    if fit_summary and "runs" in fit_summary:
+        for name, e in fit_summary["runs"].items():
+            b = e["bayes"]["summary"] if "summary" in e["bayes"] else e["bayes"]
+            p = e["prediction"]
+            lines += ["## Scaling fit (first half of compute)", "",
+                      f"Fitted on {e['n_fit']} eval points up to {e['fit_until_compute']:.5f} device-hours.", ""]
+            for k in ("A", "B", "C_mid"):
+                if k in b:
+                    s = b[k]
+                    lines.append(f"- {k}: mean {s['mean']:.4g}, 90% interval [{s['lo']:.4g}, {s['hi']:.4g}]")
+            lines += ["", f"Predicted reward at {e['target_compute']:.5f} device-hours: {p['mean']:.3f} "
+                      f"(90% interval [{p['lo']:.3f}, {p['hi']:.3f}]); grid fit {p['grid']:.3f}."]
+            if "held_out" in e:
+                h = e["held_out"]
+                covered = p["lo"] <= h["observed_nearest_target"] <= p["hi"]
+                lines.append(f"Measured at the end: {h['observed_nearest_target']:.3f}; error "
+                             f"{h['error_nearest_target']:+.3f}; {'inside' if covered else 'outside'} the 90% "
+                             f"interval. Over all {h['n']} held-out points: mean |error| {h['mean_abs_error']:.3f}, "
+                             f"{h['fraction_in_90']:.0%} inside their 90% intervals.")
+            lines += ["", "Plots and the fit's own report: `fit/` (fit_*.png, A_posteriors.png, efficiency.png).", ""]
+    elif fit_summary:
+        lines += ["## Scaling fit", "", f"The fit failed: {fit_summary.get('error')}", ""]
+    (run_dir / "report.md").write_text("\n".join(lines))
+
+
+# ---- dry run of a real preset ------------------------------------------------------------------------------
+
+
+def dry_run(plan: ExperimentPlan) -> int:
+    """Validate the configuration and AOT-compile the RL train step on an abstract mesh (subprocess with
+    simulated CPU devices when no accelerators are present), printing per-device memory."""
+    import os
+    import subprocess
+    import sys
+
+    exp = plan.exp
+    print(f"[dry-run] {exp.name}: model {exp.model.num_params() / 1e9:.2f}B params, batch "
+          f"{exp.rollout.prompts_per_batch} x {exp.rollout.group_size}, lr {exp.train.lr} (warm-up "
+          f"{exp.train.warmup_steps}), adam eps {exp.train.adam_eps}, wd {exp.train.weight_decay}, "
+          f"{exp.loss.kind} eps_max {exp.loss.eps_max}, {exp.rollout.mode}-{exp.rollout.k}, thinking budget "
+          f"U[{exp.rollout.length.think_budget_lo}, {exp.rollout.length.think_budget_hi}] + "
+          f"{exp.rollout.length.answer_budget} answer, seq {plan.seq_len}")
+    total = exp.rollout.length.think_budget_hi + exp.rollout.length.answer_budget + exp.rollout.max_prompt_len
+    if total > plan.seq_len:
+        print(f"[dry-run] error: prompt + thinking + answer budget = {total} > seq_len {plan.seq_len}")
+        return 2
+    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    dp = plan.n_trainer_devices // max(exp.mesh.tensor, 1)
+    if n_rows % (exp.train.microbatches * dp):
+        print(f"[dry-run] error: {n_rows} rows do not split into {exp.train.microbatches} micro-batches x {dp} shards")
+        return 2
+    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", "llama3_8b", "--devices",
+           str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len), "--tensor", str(exp.mesh.tensor),
+           "--microbatches", str(exp.train.microbatches),
+           "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp))]
+    print("[dry-run] " + " ".join(cmd[1:]), flush=True)
+    return subprocess.call(cmd, env=dict(os.environ))

@@ -1,0 +1,134 @@
+"""Experiment presets (sizes) and variants (the paper's baselines and ScaleRL's leave-one-out ablations).
+
+A preset fixes the scale (model, batch, lengths, budgets); a variant swaps recipe components. Every
+combination builds a valid :class:`ExperimentPlan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from experiments.common import ExperimentPlan
+from scalerl_jax.config import (
+    DataConfig,
+    ExperimentConfig,
+    LengthConfig,
+    LossConfig,
+    MeshConfig,
+    RolloutConfig,
+    TrainConfig,
+    dapo_loss,
+    grpo_loss,
+)
+from scalerl_jax.models.presets import llama3_8b, tiny
+
+R = dataclasses.replace
+
+
+def tiny_plan(seed: int = 0) -> ExperimentPlan:
+    """The CPU default (DESIGN.md): ~0.8M-parameter model, synthetic arithmetic, every ScaleRL component on."""
+    length = LengthConfig(kind="interruption", think_budget_lo=18, think_budget_hi=24, answer_budget=5,
+                          think_end="#", interruption_text="#", penalty_max_len=24, penalty_cache=6)
+    exp = ExperimentConfig(
+        name="scalerl_tiny", model=tiny(), mesh=MeshConfig(fsdp=-1),
+        loss=LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt", normalization="batch",
+                        filter_zero_variance=True),
+        rollout=RolloutConfig(mode="pipeline", k=8, prompts_per_batch=32, group_size=8, temperature=1.0,
+                              max_prompt_len=8, max_new_tokens=30, decode_chunk=8, length=length),
+        data=DataConfig(source="arith", val_size=200, seed=seed, npr=True, npr_threshold=0.9),
+        train=TrainConfig(lr=1e-4, warmup_steps=0, schedule="constant", adam_eps=1e-8, weight_decay=0.0,
+                          grad_clip=1.0, steps=320, eval_every=16, eval_samples=4, checkpoint_every=40,
+                          keep_checkpoints=3, seed=seed),
+        out_dir="runs/tiny",
+    )
+    return ExperimentPlan(exp=exp, real=False, warm_steps=550, warm_batch=128, warm_lr=3e-3, warm_warmup=50,
+                          seq_len=40)
+
+
+def smoke_plan(seed: int = 0) -> ExperimentPlan:
+    """CI-sized tiny run: the same path, fewer steps and a smaller validation set."""
+    p = tiny_plan(seed)
+    exp = R(p.exp, name="scalerl_smoke", data=R(p.exp.data, val_size=96),
+            train=R(p.exp.train, steps=48, eval_every=8, checkpoint_every=16, eval_samples=4))
+    return R(p, exp=exp, warm_steps=450)
+
+
+def real_8b_plan(seed: int = 0) -> ExperimentPlan:
+    """RECIPE.md's 8B recipe: 48 prompts x 16, AdamW 5e-7 (100 warm-up), eps 1e-15, wd 0.01, CISPO eps_max 5,
+    interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators."""
+    exp = ExperimentConfig(
+        name="scalerl_8b", model=llama3_8b(), mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
+        loss=LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt", normalization="batch"),
+        rollout=RolloutConfig(mode="pipeline", k=8, prompts_per_batch=48, group_size=16, temperature=1.0,
+                              max_prompt_len=2048, max_new_tokens=14336, decode_chunk=16,
+                              length=LengthConfig(kind="interruption", think_budget_lo=10240, think_budget_hi=12288,
+                                                  answer_budget=2048),
+                              engine="sglang"),
+        data=DataConfig(source="jsonl", path="", val_size=1000, seed=seed),
+        train=TrainConfig(lr=5e-7, warmup_steps=100, schedule="constant", adam_eps=1e-15, weight_decay=0.01,
+                          grad_clip=1.0, steps=10000, microbatches=48, eval_every=100, eval_samples=16,
+                          checkpoint_every=50, seed=seed),
+        out_dir="runs/8b",
+    )
+    return ExperimentPlan(exp=exp, real=True, warm_steps=0, seq_len=16384, n_trainer_devices=16)
+
+
+PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "8b": real_8b_plan}
+
+
+def _loss(**kw) -> Callable[[ExperimentPlan], ExperimentPlan]:
+    return lambda p: R(p, exp=R(p.exp, loss=R(p.exp.loss, **kw)))
+
+
+def _rollout(**kw) -> Callable[[ExperimentPlan], ExperimentPlan]:
+    return lambda p: R(p, exp=R(p.exp, rollout=R(p.exp.rollout, **kw)))
+
+
+def _length_penalty(p: ExperimentPlan) -> ExperimentPlan:
+    ro = p.exp.rollout
+    return R(p, exp=R(p.exp, rollout=R(ro, length=R(ro.length, kind="penalty"))))
+
+
+def _whole_loss(make: Callable[[], LossConfig], **rollout) -> Callable[[ExperimentPlan], ExperimentPlan]:
+    def f(p: ExperimentPlan) -> ExperimentPlan:
+        exp = R(p.exp, loss=make())
+        if rollout:
+            exp = R(exp, rollout=R(exp.rollout, **rollout))
+        return R(p, exp=exp)
+
+    return f
+
+
+VARIANTS: dict[str, Callable[[ExperimentPlan], ExperimentPlan]] = {
+    "scalerl": lambda p: p,
+    # leave-one-out: one component swapped for its alternative
+    "ppo_off_policy": _rollout(mode="ppo_off_policy"),
+    "dapo": _loss(kind="dapo", eps_low=0.2, eps_high=0.26),
+    "gspo": _loss(kind="gspo", eps_low=3e-3, eps_high=5e-3),
+    "bf16_head": lambda p: R(p, exp=R(p.exp, model=R(p.exp.model, head_dtype="bfloat16"))),
+    "sample_agg": _loss(aggregation="sample"),
+    "token_agg": _loss(aggregation="token"),
+    "prompt_norm": _loss(normalization="prompt"),
+    "no_norm": _loss(normalization="none"),
+    "no_zvf": _loss(filter_zero_variance=False),
+    "no_npr": lambda p: R(p, exp=R(p.exp, data=R(p.exp.data, npr=False))),
+    "length_penalty": _length_penalty,
+    # the paper's baseline recipes
+    "deepseek_grpo": _whole_loss(grpo_loss, mode="ppo_off_policy"),
+    "qwen25_dapo": _whole_loss(dapo_loss, mode="ppo_off_policy"),
+    "magistral": _whole_loss(dapo_loss, mode="pipeline"),
+    "minimax": _whole_loss(lambda: LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt"),
+                           mode="ppo_off_policy"),
+}
+LOO_VARIANTS = ("ppo_off_policy", "dapo", "gspo", "bf16_head", "sample_agg", "token_agg", "prompt_norm", "no_norm",
+                "no_zvf", "no_npr", "length_penalty")
+
+
+def build_plan(preset: str, variant: str = "scalerl", seed: int = 0) -> ExperimentPlan:
+    if preset not in PRESETS:
+        raise KeyError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    if variant not in VARIANTS:
+        raise KeyError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    plan = VARIANTS[variant](PRESETS[preset](seed))
+    return R(plan, exp=R(plan.exp, name=f"{plan.exp.name}_{variant}"), variant=variant)

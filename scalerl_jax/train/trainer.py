@@ -1,0 +1,302 @@
+"""The RL training run: rollouts -> batches -> pure train steps, with evaluation, compute accounting,
+metrics, checkpoints and resume. Scheduling (PipelineRL-k or PPO-off-policy-k) is in
+:mod:`scalerl_jax.rollout.orchestrator`.
+
+Compute (the C of the scaling law) is device-seconds of the RL loop: wall time x devices in use
+(trainer and generators together, like the paper's GPU-hours), excluding the time spent in evaluation.
+The embedded engine shares the trainer's devices, so they count once. Analytic FLOPs are kept beside it,
+training (3 x forward) and generation (forward) separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax import sharding as shd
+from scalerl_jax.checkpoint import RunCheckpointer
+from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.data.curriculum import NPRCurriculum
+from scalerl_jax.data.pipeline import PromptData
+from scalerl_jax.metrics import MetricsWriter, Progress
+from scalerl_jax.rollout.orchestrator import PipelineRunner, RolloutBatch, RolloutProducer
+from scalerl_jax.rollout.protocol import Generator, LengthControl, SamplingParams
+from scalerl_jax.train.optim import make_optimizer
+from scalerl_jax.train.rl import rl_loss
+from scalerl_jax.train.rl_batch import batch_is_finite, build_train_batch
+from scalerl_jax.train.step import TrainState, init_train_state, jit_train_step, make_train_step, state_shardings
+
+
+def reseed_engine(engine: Any, seed: int) -> None:
+    """Deterministic sampling from here on (PPO-off-policy resume is bit-identical because of this)."""
+    if hasattr(engine, "reseed"):
+        engine.reseed(seed)
+    else:
+        engine._rng = np.random.default_rng(seed)
+        engine._key = jax.random.PRNGKey(seed)
+
+
+@dataclasses.dataclass
+class Counters:
+    compute_s: float = 0.0
+    eval_s: float = 0.0
+    flops_train: float = 0.0
+    flops_gen: float = 0.0
+    gen_tokens: int = 0
+    trainer_busy_s: float = 0.0
+    generator_busy_s: float = 0.0
+    dropped_stale_batches: int = 0
+    skipped_steps: int = 0
+    filtered_groups: int = 0
+    empty_batches: int = 0
+
+
+class RLTrainer:
+    """Owns the train state, the generator(s), the data stream, metrics and checkpoints of one run."""
+
+    def __init__(
+        self, exp: ExperimentConfig, params: Any, *, data: PromptData, encode: Callable[[str], list[int]],
+        decode: Callable[[list[int]], str], score: Callable, pad_id: int, eos_ids: tuple[int, ...],
+        generator: Generator, eval_generator: Generator, length: LengthControl | None, seq_len: int,
+        run_dir: str | Path, resume: bool = False, bos_id: int | None = None, reward_transform=None,
+        n_devices: int | None = None, log: Callable[[str], None] = print,
+    ) -> None:
+        self.exp, self.log = exp, log
+        self.mcfg, self.tcfg, self.rcfg = exp.model, exp.train, exp.rollout
+        self.run_dir = Path(run_dir)
+        self.seq_len, self.pad_id = seq_len, pad_id
+        self.n_rows = self.rcfg.prompts_per_batch * self.rcfg.group_size
+        self.generator, self.eval_generator = generator, eval_generator
+        self.data = data
+        self.n_devices = n_devices or len(jax.devices())
+        self.counters = Counters()
+        self.curriculum = NPRCurriculum(threshold=exp.data.npr_threshold, enabled=exp.data.npr)
+        self.prompts = data.train_iterator(self.curriculum)
+        self.sampling = SamplingParams(temperature=self.rcfg.temperature, top_p=self.rcfg.top_p,
+                                       max_new_tokens=self.rcfg.max_new_tokens, stop_token_ids=tuple(eos_ids),
+                                       n=self.rcfg.group_size)
+        self.producer = RolloutProducer(generator, self.prompts, encode=encode, decode=decode, score=score,
+                                        sampling=self.sampling, prompts_per_batch=self.rcfg.prompts_per_batch,
+                                        length=length, bos_id=bos_id, reward_transform=reward_transform)
+        self.eval_producer = RolloutProducer(eval_generator, None, encode=encode, decode=decode, score=score,
+                                             sampling=dataclasses.replace(self.sampling, n=self.tcfg.eval_samples),
+                                             prompts_per_batch=0, length=length, bos_id=bos_id)
+        # train step, jitted over a mesh of all devices with explicit shardings and donation
+        self.mesh = shd.make_mesh(exp.mesh)
+        self.optimizer = make_optimizer(self.tcfg)
+        self.abstract_state, self.state_sh = state_shardings(self.mcfg, self.optimizer, self.mesh)
+        loss_fn = rl_loss(self.mcfg, exp.loss, temperature=self.rcfg.temperature)
+        step_fn = make_train_step(loss_fn, self.optimizer, self.tcfg.microbatches)
+        dummy = build_train_batch([], [], version=0, loss_cfg=exp.loss, seq_len=seq_len, n_rows=self.n_rows,
+                                  pad_id=pad_id)[0].as_dict()
+        self.batch_sh = shd.batch_shardings(dummy, self.mesh)
+        self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
+        self.ckpt = RunCheckpointer(self.run_dir / "checkpoints", keep=self.tcfg.keep_checkpoints)
+        state = jax.device_put(init_train_state(jax.tree.map(jnp.asarray, params), self.optimizer), self.state_sh)
+        offset = None
+        self.resumed_from = None
+        if resume:
+            restored = self.ckpt.restore_latest(self._abstract_with_shardings())
+            if restored is not None:
+                step, state, extras = restored
+                self._load_extras(extras)
+                offset = extras["metrics_offset"]
+                self.resumed_from = step
+                log(f"[rl] resumed from checkpoint step {step} ({self.run_dir / 'checkpoints'})")
+            else:
+                log("[rl] --resume: no usable checkpoint found, starting from the initial weights")
+        self.state: TrainState = state
+        self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
+        self.version = int(self.state.step)
+        self._push_weights()
+
+    # ---- state / checkpoint helpers ----
+
+    def _abstract_with_shardings(self):
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state,
+                            self.state_sh)
+
+    def _extras(self) -> dict[str, Any]:
+        with self.producer.prompt_lock:
+            data_state = self.prompts.get_state()
+        return {"step": int(self.state.step), "version": self.version, "data": data_state,
+                "curriculum": self.curriculum.state_dict(), "counters": dataclasses.asdict(self.counters),
+                "metrics_offset": self.metrics.offset(), "seed": self.tcfg.seed}
+
+    def _load_extras(self, extras: dict[str, Any]) -> None:
+        self.curriculum.load_state_dict(extras["curriculum"])
+        self.prompts.set_state(extras["data"])
+        self.counters = Counters(**extras["counters"])
+
+    def save_checkpoint(self) -> None:
+        self.ckpt.save(int(self.state.step), self.state, self._extras())
+
+    def _push_weights(self) -> None:
+        # a copy: the train step donates (deletes) the state's buffers on its next call
+        self.generator.update_weights(jax.tree.map(jnp.copy, self.state.params), self.version)
+
+    # ---- evaluation ----
+
+    def evaluate(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.eval_generator.update_weights(jax.tree.map(jnp.copy, self.state.params), self.version)
+        reseed_engine(self.eval_generator, 10_000 + self.tcfg.seed * 7919 + int(self.state.step))
+        val = self.data.val
+        groups, rewards, _, n_tok, counts = self.eval_producer.generate_and_score(val)
+        flat = np.concatenate(rewards) if rewards else np.zeros(0)
+        trunc = np.mean([c.truncated for g in groups for c in g]) if groups else 0.0
+        dt = time.perf_counter() - t0
+        self.counters.eval_s += dt
+        return {"val_reward": float((flat > 0).mean()), "val_n": len(val), "val_k": self.tcfg.eval_samples,
+                "val_truncation_rate": float(trunc), "val_tokens": n_tok, "eval_seconds": dt, **{
+                    f"val_{k}": v for k, v in counts.items()}}
+
+    def _compute_row(self) -> dict[str, float]:
+        c = self.counters
+        return {"device_hours": c.compute_s * self.n_devices / 3600.0, "device_seconds": c.compute_s * self.n_devices,
+                "flops": c.flops_train + c.flops_gen, "flops_train": c.flops_train, "flops_gen": c.flops_gen}
+
+    def _eval_row(self) -> None:
+        row = {"kind": "eval", "step": int(self.state.step), **self.evaluate(), **self._compute_row()}
+        self.metrics.write(row)
+        self.log(f"[eval] step {row['step']}: val_reward {row['val_reward']:.3f} "
+                 f"({row['val_n']} prompts x {row['val_k']}), device_hours {row['device_hours']:.5f}")
+        self.last_val = row["val_reward"]
+
+    # ---- one update ----
+
+    def _train_on(self, rb: RolloutBatch, t_clock: Callable[[], None]) -> None:
+        step = int(self.state.step)
+        for p, r in zip(rb.problems, rb.rewards):
+            self.curriculum.update(p.prompt_id, int((r > 0).sum()), len(r))
+        self.counters.gen_tokens += rb.n_generated_tokens
+        prompt_tok = sum(len(c.prompt_ids) for g in rb.groups for c in g)
+        self.counters.flops_gen += self.mcfg.flops_per_token(self.seq_len // 2) * (rb.n_generated_tokens + prompt_tok)
+        staleness = self.version - rb.min_version
+        if staleness > self.rcfg.k and self.rcfg.mode == "pipeline":
+            self.counters.dropped_stale_batches += 1
+            self.metrics.write({"kind": "error", "step": step, "reason": f"batch staleness {staleness} > k; dropped",
+                                **self._compute_row()})
+            return
+        batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
+                                         seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
+                                         microbatches=self.tcfg.microbatches)
+        self.counters.filtered_groups += stats.n_filtered_groups
+        base = {"step": step, "reward_mean": stats.reward_mean, "pass_rate": stats.pass_rate,
+                "n_groups": stats.n_groups, "n_filtered_groups": stats.n_filtered_groups,
+                "npr_removed": self.curriculum.stats()["n_removed"], "gen_seconds": rb.gen_seconds,
+                "gen_tokens_per_s": rb.n_generated_tokens / max(rb.gen_seconds, 1e-9),
+                "interruption_rate": stats.interruption_rate, "completion_len": stats.completion_len_mean}
+        if not batch_is_finite(batch):
+            self.counters.skipped_steps += 1
+            self.metrics.write({"kind": "error", **base, "reason": "non-finite rewards or log-probs; update skipped",
+                                **self._compute_row()})
+            return
+        if stats.n_tokens == 0:
+            self.counters.empty_batches += 1
+            self.metrics.write({"kind": "error", **base, "reason": "every group was filtered (zero variance); "
+                                "no update", **self._compute_row()})
+            return
+        t0 = time.perf_counter()
+        self.state, m = self.step_fn(self.state, jax.device_put(batch.as_dict(), self.batch_sh))
+        m = jax.device_get(m)
+        dt = time.perf_counter() - t0
+        self.counters.trainer_busy_s += dt
+        real_tokens = int((batch.tokens != self.pad_id).sum())
+        self.counters.flops_train += 3 * self.mcfg.flops_per_token(self.seq_len // 2) * real_tokens
+        if int(m["skipped"]):
+            self.counters.skipped_steps += 1
+            self.metrics.write({"kind": "error", **base, "reason": "non-finite loss or gradient; update skipped",
+                                **self._compute_row()})
+            return
+        self.version = int(self.state.step)
+        self._push_weights()
+        t_clock()
+        row = {"kind": "train", **base, **{k: float(v) for k, v in m.items()}, "step": int(self.state.step),
+               "batch_staleness": staleness, "step_seconds": dt, **self._compute_row()}
+        self.metrics.write(row)
+        self.last_train = row
+
+    # ---- the run ----
+
+    def run(self) -> dict[str, Any]:
+        total = self.tcfg.steps
+        every = max(self.tcfg.eval_every, 1)
+        self.last_val = float("nan")
+        self.last_train: dict[str, Any] = {}
+        progress = Progress(total, desc=f"rl:{self.rcfg.mode}")
+        t_last = [time.perf_counter()]
+        eval_before = [self.counters.eval_s]
+
+        def t_clock() -> None:  # advance the compute clock by the wall time since the last tick, minus eval time
+            now = time.perf_counter()
+            self.counters.compute_s += (now - t_last[0]) - (self.counters.eval_s - eval_before[0])
+            t_last[0], eval_before[0] = now, self.counters.eval_s
+
+        if self.resumed_from is None:
+            self._eval_row()
+        t_last[0], eval_before[0] = time.perf_counter(), self.counters.eval_s
+        wall0 = time.perf_counter()
+        runner = None
+        try:
+            if self.rcfg.mode == "pipeline":
+                runner = PipelineRunner(self.producer, self.rcfg.k, start_index=int(self.state.step)).start()
+            while int(self.state.step) < total:
+                before = int(self.state.step)
+                if self.rcfg.mode == "pipeline":
+                    self._train_on(runner.get(), t_clock)
+                else:
+                    self._ppo_round(t_clock)
+                t_clock()
+                step = int(self.state.step)
+                progress.update(step, reward=self.last_train.get("reward_mean", float("nan")),
+                                val=self.last_val, tok_s=self.last_train.get("gen_tokens_per_s", 0.0))
+                crossed = lambda n: step // n > before // n  # noqa: E731
+                if step > before and (crossed(every) or step >= total):
+                    self._eval_row()
+                if step > before and (crossed(self.tcfg.checkpoint_every) or step >= total) and (
+                        self.rcfg.mode == "pipeline" or step % self.rcfg.k == 0 or step >= total):
+                    self.save_checkpoint()
+        finally:
+            if runner is not None:
+                runner.stop()
+                self.counters.generator_busy_s += runner.busy_s
+            progress.close()
+        wall = time.perf_counter() - wall0
+        self.ckpt.wait()
+        summary = {"steps": int(self.state.step), "wall_seconds": wall, "final_val_reward": self.last_val,
+                   "trainer_busy_fraction": self.counters.trainer_busy_s / max(wall, 1e-9),
+                   "generator_busy_fraction": self.counters.generator_busy_s / max(wall, 1e-9),
+                   **dataclasses.asdict(self.counters), **self._compute_row(),
+                   "npr": self.curriculum.stats()}
+        self.metrics.write({"kind": "summary", **summary})
+        return summary
+
+    def _ppo_round(self, t_clock) -> None:
+        """PPO-off-policy-k: k batches from the current policy, then k updates; weights pushed after."""
+        step = int(self.state.step)
+        reseed_engine(self.generator, self.tcfg.seed * 1_000_003 + step)
+        t0 = time.perf_counter()
+        batches = [self.producer.produce(step + j) for j in range(self.rcfg.k)]
+        self.counters.generator_busy_s += time.perf_counter() - t0
+        for rb in batches:
+            if int(self.state.step) >= self.tcfg.steps:
+                break
+            # the generator is not updated inside a round: the trained batch j is j versions stale
+            saved_push, self._push_weights = self._push_weights, lambda: None
+            try:
+                self._train_on(rb, t_clock)
+            finally:
+                self._push_weights = saved_push
+        self._push_weights()
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.metrics.close()

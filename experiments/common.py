@@ -108,16 +108,34 @@ def _reward_transform(exp: ExperimentConfig):
     return transform
 
 
-def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print) -> dict[str, Any]:
-    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``."""
+def build_trainer(plan: ExperimentPlan, params, data, *, resume: bool = False, score=None, log=print):
+    """An RLTrainer for ``plan`` over the char-tokenised synthetic task, with embedded JAX engines."""
     import jax
 
+    from scalerl_jax.data.tokenizer import CharTokenizer
+    from scalerl_jax.rewards import score as default_score
+    from scalerl_jax.rollout.engine import JaxEngine
+    from scalerl_jax.train.trainer import RLTrainer
+
+    exp = plan.exp
+    tok = CharTokenizer()
+    params = jax.tree.map(np.asarray, params)
+    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    engine = JaxEngine(exp.model, params, max_batch=n_rows, max_len=plan.seq_len,
+                       decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed)
+    eval_engine = JaxEngine(exp.model, params, max_batch=min(1024, len(data.val) * exp.train.eval_samples),
+                            max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed + 1)
+    return RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score or default_score,
+                     pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=engine, eval_generator=eval_engine,
+                     length=_length_control(exp, tok.encode), seq_len=plan.seq_len, run_dir=exp.out_dir,
+                     resume=resume, reward_transform=_reward_transform(exp), log=log)
+
+
+def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print) -> dict[str, Any]:
+    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``."""
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint
-    from scalerl_jax.rewards import score
-    from scalerl_jax.rollout.engine import JaxEngine
-    from scalerl_jax.train.trainer import RLTrainer
     from scalerl_jax.train.warmstart import warm_start
 
     exp = plan.exp
@@ -146,16 +164,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
                             log_path=run_dir / "warmstart.jsonl")
         save_hf_checkpoint(params, mcfg, ws_dir)  # a real HF checkpoint: the RL run's base model
         ws_seconds = time.time() - t0
-    params = jax.tree.map(np.asarray, params)
-    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
-    engine = JaxEngine(mcfg, params, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk,
-                       seed=exp.train.seed)
-    eval_engine = JaxEngine(mcfg, params, max_batch=min(1024, len(data.val) * exp.train.eval_samples),
-                            max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed + 1)
-    trainer = RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score,
-                        pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=engine, eval_generator=eval_engine,
-                        length=_length_control(exp, tok.encode), seq_len=plan.seq_len, run_dir=run_dir,
-                        resume=resume, reward_transform=_reward_transform(exp), log=log)
+    trainer = build_trainer(plan, params, data, resume=resume, log=log)
     try:
         summary = trainer.run()
     finally:

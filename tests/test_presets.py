@@ -1,0 +1,114 @@
+"""Every preset x variant builds a valid configuration; every baseline / leave-one-out variant runs a few steps."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.common import apply_overrides, build_trainer
+from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from scalerl_jax.config import ConfigError, LossConfig
+from scalerl_jax.data.pipeline import build_prompt_data
+from scalerl_jax.models import init_params
+
+R = dataclasses.replace
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_combination_is_a_valid_config(preset, variant):
+    plan = build_plan(preset, variant, seed=3)
+    exp = plan.exp
+    assert exp.train.seed == 3 and plan.variant == variant
+    rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    assert rows % exp.train.microbatches == 0
+    if exp.rollout.length.kind == "interruption":
+        lc = exp.rollout.length
+        assert exp.rollout.max_new_tokens >= lc.think_budget_hi + 1 + lc.answer_budget - 1
+    # what the variant promises to change, against the ScaleRL recipe of RECIPE.md
+    base = build_plan(preset, "scalerl", seed=3).exp
+    expect = {
+        "ppo_off_policy": lambda e: e.rollout.mode == "ppo_off_policy",
+        "dapo": lambda e: e.loss.kind == "dapo" and e.loss.eps_high == 0.26 and e.loss.aggregation == "prompt",
+        "gspo": lambda e: e.loss.kind == "gspo" and (e.loss.eps_low, e.loss.eps_high) == (3e-3, 5e-3),
+        "bf16_head": lambda e: e.model.head_dtype == "bfloat16",
+        "sample_agg": lambda e: e.loss.aggregation == "sample",
+        "token_agg": lambda e: e.loss.aggregation == "token",
+        "prompt_norm": lambda e: e.loss.normalization == "prompt",
+        "no_norm": lambda e: e.loss.normalization == "none",
+        "no_zvf": lambda e: not e.loss.filter_zero_variance,
+        "no_npr": lambda e: not e.data.npr,
+        "length_penalty": lambda e: e.rollout.length.kind == "penalty",
+        "deepseek_grpo": lambda e: (e.loss.kind, e.loss.aggregation, e.loss.normalization, e.loss.eps_high)
+        == ("grpo", "sample", "prompt", 0.2),
+        "qwen25_dapo": lambda e: e.loss.kind == "dapo" and e.loss.eps_high == 0.28 and e.rollout.mode == "ppo_off_policy",
+        "magistral": lambda e: e.loss.kind == "dapo" and e.rollout.mode == "pipeline",
+        "minimax": lambda e: e.loss.kind == "cispo" and e.rollout.mode == "ppo_off_policy"
+        and e.model.head_dtype == "float32" and e.loss.aggregation == "prompt",
+        "scalerl": lambda e: (e.loss.kind, e.rollout.mode, e.model.head_dtype, e.loss.aggregation,
+                              e.loss.normalization, e.loss.filter_zero_variance, e.data.npr, e.rollout.length.kind)
+        == ("cispo", "pipeline", "float32", "prompt", "batch", True, True, "interruption"),
+    }
+    assert expect[variant](exp), variant
+    if variant in LOO_VARIANTS:  # leave-one-out: exactly one component differs from ScaleRL
+        diffs = [f for f in ("loss", "rollout", "data", "model") if getattr(exp, f) != getattr(base, f)]
+        assert len(diffs) == 1, diffs
+
+
+def test_8b_preset_numbers_match_the_recipe():
+    e = build_plan("8b").exp
+    assert (e.rollout.prompts_per_batch, e.rollout.group_size) == (48, 16)
+    assert (e.train.lr, e.train.warmup_steps, e.train.adam_eps, e.train.weight_decay) == (5e-7, 100, 1e-15, 0.01)
+    assert e.loss.eps_max == 5.0 and e.rollout.k == 8 and e.rollout.mode == "pipeline"
+    lc = e.rollout.length
+    assert (lc.think_budget_lo, lc.think_budget_hi, lc.answer_budget) == (10240, 12288, 2048)
+    assert e.model.n_layers == 32 and e.model.d_model == 4096 and e.model.vocab_size == 128256
+
+
+def test_overrides_map_onto_fields_with_clear_errors():
+    exp = build_plan("tiny").exp
+    e2 = apply_overrides(exp, ["train.lr=2e-4", "rollout.k=4", "loss.kind=dapo", "data.npr=false"])
+    assert (e2.train.lr, e2.rollout.k, e2.loss.kind, e2.data.npr) == (2e-4, 4, "dapo", False)
+    with pytest.raises(ConfigError, match="no field 'lrr'"):
+        apply_overrides(exp, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match="expected one of"):
+        apply_overrides(exp, ["loss.kind=ppo"])
+    with pytest.raises(ConfigError, match="expected int"):
+        apply_overrides(exp, ["rollout.k=eight"])
+
+
+def _informative_score(completions, problems):
+    """Independent of the task: +1 iff the completion's length is even, so every group has variance."""
+    r = np.array([1.0 if len(c) % 2 == 0 else -1.0 for c in completions], np.float32)
+    return r, {"timeouts": 0, "no_answer": 0}
+
+
+def test_every_variant_runs_a_few_steps(tmp_path):
+    data = build_prompt_data("arith", val_size=8, seed=0)
+    for variant in sorted(VARIANTS):
+        plan = build_plan("tiny", variant)
+        exp = plan.exp
+        small = R(exp.model, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64)
+        exp = R(exp, model=small, out_dir=str(tmp_path / variant),
+                rollout=R(exp.rollout, prompts_per_batch=4, group_size=4, k=2),
+                train=R(exp.train, steps=2, eval_every=100, eval_samples=1, checkpoint_every=100))
+        plan = R(plan, exp=exp)
+        params = init_params(small, jax.random.key(0), std=0.5)
+        trainer = build_trainer(plan, params, data, score=_informative_score, log=lambda s: None)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
+        assert summary["steps"] == 2, variant
+        rows = [json.loads(line) for line in open(tmp_path / variant / "metrics.jsonl")]
+        train = [r for r in rows if r["kind"] == "train"]
+        assert [r["step"] for r in train] == [1, 2], variant
+        assert all(np.isfinite(r["loss"]) for r in train), variant
+        assert sum(r["kind"] == "eval" for r in rows) == 2  # before RL and at the end
+
+
+def test_loss_config_rejects_unknown_kind():
+    with pytest.raises(ConfigError):
+        LossConfig(kind="ppo")

@@ -5,6 +5,11 @@ Saves are asynchronous (the train loop only blocks for the device-to-host copy);
 ``keep`` checkpoints are kept. :meth:`RunCheckpointer.restore_latest` walks back from the newest step and
 skips, with a warning, any checkpoint that fails to restore (partial or corrupt), so a run killed in the
 middle of a save resumes from the previous good one.
+
+Orbax does not checksum array data: a flipped byte in a chunk file restores silently as a wrong value. So the
+side car also holds a checksum of every state leaf (computed on device at save, order-independent modular
+sums of the raw bits, so sharded arrays need no gather), and a restored state whose checksums differ counts
+as corrupt.
 """
 
 from __future__ import annotations
@@ -16,10 +21,34 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+
+_CHECKSUM_KEY = "_state_checksums"
+_UINT = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """Two uint32 sums of the leaf's raw bits, each weighted by an odd position-dependent factor: any single
+    bit flip changes them, and modular addition makes the result independent of reduction order/sharding."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    bits = jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize]).astype(jnp.uint32).reshape(-1)
+    i = jnp.arange(bits.size, dtype=jnp.uint32)
+    w1 = i * jnp.uint32(0x9E3779B1) * jnp.uint32(2) + jnp.uint32(1)
+    w2 = (i ^ jnp.uint32(0x5BD1E995)) * jnp.uint32(0x85EBCA6B) | jnp.uint32(1)
+    return jnp.stack([jnp.sum(bits * w1, dtype=jnp.uint32), jnp.sum(bits * w2, dtype=jnp.uint32)])
+
+
+_checksums = jax.jit(lambda tree: [_leaf_checksum(x) for x in jax.tree.leaves(tree)])
+
+
+def state_checksums(state: Any) -> list[list[int]]:
+    """Per-leaf checksums of a pytree of arrays (JSON-serialisable)."""
+    return [[int(v) for v in np.asarray(c)] for c in jax.device_get(_checksums(state))]
 
 
 class RunCheckpointer:
@@ -33,6 +62,7 @@ class RunCheckpointer:
     def save(self, step: int, state: Any, extras: dict[str, Any]) -> None:
         """Start saving ``state`` (a pytree of arrays) and ``extras`` (JSON) as ``step``."""
         t0 = time.perf_counter()
+        extras = {**extras, _CHECKSUM_KEY: state_checksums(state)}
         self._mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      extras=ocp.args.JsonSave(extras)))
         self.last_blocking_s = time.perf_counter() - t0
@@ -59,6 +89,9 @@ class RunCheckpointer:
                 leaves = jax.tree.leaves(state)
                 if not all(np.all(np.isfinite(np.asarray(x))) for x in leaves if np.asarray(x).dtype.kind == "f"):
                     raise ValueError("non-finite values in restored state")
+                want = extras.pop(_CHECKSUM_KEY, None)  # absent in checkpoints written before checksums existed
+                if want is not None and state_checksums(state) != want:
+                    raise ValueError("state checksum mismatch (corrupt array data)")
                 return step, state, extras
             except Exception as e:  # noqa: BLE001 -- any failure means: this checkpoint is unusable
                 msg = f"checkpoint {self.directory / str(step)} could not be restored ({type(e).__name__}: {e}); " \

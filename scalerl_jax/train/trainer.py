@@ -67,8 +67,12 @@ class RLTrainer:
         generator: Generator, eval_generator: Generator, length: LengthControl | None, seq_len: int,
         run_dir: str | Path, resume: bool = False, bos_id: int | None = None, reward_transform=None,
         n_devices: int | None = None, log: Callable[[str], None] = print,
+        on_batch: Callable[[int, RolloutBatch, Any, Any], None] | None = None,
     ) -> None:
         self.exp, self.log = exp, log
+        # observation hook: on_batch(step, rollout_batch, train_batch, batch_stats) for every batch handed to the
+        # train step (after the staleness, finiteness and empty-batch checks), before the update
+        self.on_batch = on_batch
         self.mcfg, self.tcfg, self.rcfg = exp.model, exp.train, exp.rollout
         self.run_dir = Path(run_dir)
         self.seq_len, self.pad_id = seq_len, pad_id
@@ -204,6 +208,8 @@ class RLTrainer:
             self.metrics.write({"kind": "error", **base, "reason": "every group was filtered (zero variance); "
                                 "no update", **self._compute_row()})
             return
+        if self.on_batch is not None:
+            self.on_batch(step, rb, batch, stats)
         t0 = time.perf_counter()
         self.state, m = self.step_fn(self.state, jax.device_put(batch.as_dict(), self.batch_sh))
         m = jax.device_get(m)
@@ -261,8 +267,9 @@ class RLTrainer:
                 crossed = lambda n: step // n > before // n  # noqa: E731
                 if step > before and (crossed(every) or step >= total):
                     self._eval_row()
-                if step > before and (crossed(self.tcfg.checkpoint_every) or step >= total) and (
-                        self.rcfg.mode == "pipeline" or step % self.rcfg.k == 0 or step >= total):
+                # PPO-off-policy: every loop iteration ends at a round boundary (what resume needs), also when a
+                # skipped update left the step count off a multiple of k
+                if step > before and (crossed(self.tcfg.checkpoint_every) or step >= total):
                     self.save_checkpoint()
         finally:
             if runner is not None:

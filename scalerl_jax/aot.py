@@ -19,9 +19,16 @@ import sys
 
 
 def _peek_devices(argv: list[str]) -> int:
+    """The largest ``--devices`` value (the values up to the next option only: ``--seq-len 16384`` after
+    ``--devices 16`` must not ask XLA for 16,384 simulated devices)."""
     for i, a in enumerate(argv):
         if a == "--devices":
-            return max(int(x) for x in argv[i + 1 :] if x.isdigit()) if i + 1 < len(argv) else 16
+            vals = []
+            for x in argv[i + 1 :]:
+                if not x.isdigit():
+                    break
+                vals.append(int(x))
+            return max(vals, default=16)
         if a.startswith("--devices="):
             return int(a.split("=", 1)[1])
     return 16

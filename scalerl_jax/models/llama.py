@@ -16,6 +16,7 @@ ScaleRL FP32-logits fix), for training and for generation alike: both call :func
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -159,27 +160,133 @@ def _attend(q_BTKGD, k_BSKD, v_BSKD, mask_BTS) -> jax.Array:
     return jnp.einsum("bkgts,bskd->btkgd", p, v_BSKD)
 
 
+_NEG = float(np.finfo(np.float32).min)
+
+
+def _blocks(x, n: int, c: int, fill):
+    """[B, n*c - pad, ...] -> [n, B, c, ...], padding the time axis with ``fill``."""
+    pad = n * c - x.shape[1]
+    if pad:
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+    return jnp.moveaxis(x.reshape(x.shape[0], n, c, *x.shape[2:]), 1, 0)
+
+
+def _flash_scores(qb, kb, qp, kp, scale):
+    """Scaled scores [B, K, G, Cq, Ck] of one (query block, key block) pair and its causal mask."""
+    s = jnp.einsum("bckgd,bskd->bkgcs", qb, kb, preferred_element_type=jnp.float32) * scale
+    # The barrier ties the mask to this tile's scores: without it XLA hoists the (position-only, hence
+    # loop-invariant) masks of all tiles out of the loops, materialising an O(T x S) boolean array.
+    s, qp, kp = jax.lax.optimization_barrier((s, qp, kp))
+    mask = (kp[:, None, :] <= qp[:, :, None])[:, None, None]
+    return s, mask
+
+
+def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck):
+    """Online-softmax attention over (query block x key block) tiles: peak score memory is one
+    [B, K, G, cq, ck] float32 tile. Returns blocked outputs [N, B, cq, K, G, Dh] and the row
+    log-sum-exp [N, B, K, G, cq] (needed by the backward pass)."""
+    B, T, K, G, Dh = q.shape
+    S = k.shape[1]
+    n, m = -(-T // cq), -(-S // ck)
+    scale = 1.0 / math.sqrt(Dh)
+    # padded queries see nothing (position -1), padded keys are never visible (position int32 max)
+    qb, qpb = _blocks(q, n, cq, 0), _blocks(qpos.astype(jnp.int32), n, cq, -1)
+    kb, vb = _blocks(k, m, ck, 0), _blocks(v, m, ck, 0)
+    kpb = _blocks(kpos.astype(jnp.int32), m, ck, np.iinfo(np.int32).max)
+
+    def q_block(args):
+        qi, qpi = args
+
+        def k_step(carry, xs):
+            mx, l, acc = carry
+            ki, vi, kpi = xs
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale)
+            s = jnp.where(mask, s, _NEG)
+            mx_new = jnp.maximum(mx, s.max(-1))
+            p = jnp.where(mask, jnp.exp(s - mx_new[..., None]), 0.0)
+            corr = jnp.exp(mx - mx_new)
+            l = l * corr + p.sum(-1)
+            pv = jnp.einsum("bkgcs,bskd->bkgcd", p.astype(vi.dtype), vi, preferred_element_type=jnp.float32)
+            return (mx_new, l, acc * corr[..., None] + pv), None
+
+        init = (jnp.full((B, K, G, cq), _NEG, jnp.float32), jnp.zeros((B, K, G, cq), jnp.float32),
+                jnp.zeros((B, K, G, cq, Dh), jnp.float32))
+        (mx, l, acc), _ = jax.lax.scan(k_step, init, (kb, vb, kpb))
+        l_safe = jnp.where(l > 0, l, 1.0)  # a query that sees no key (padding) outputs 0
+        o = jnp.einsum("bkgcd->bckgd", acc / l_safe[..., None]).astype(q.dtype)
+        return o, mx + jnp.log(l_safe)
+
+    o_blocks, lse = jax.lax.map(q_block, (qb, qpb))
+    return o_blocks, lse, (qb, qpb, kb, vb, kpb)
+
+
+def _unblock(x_NBC, T: int):
+    x = jnp.moveaxis(x_NBC, 0, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :T]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q, k, v, qpos, kpos, cq: int, ck: int):
+    return _unblock(_flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck)[0], q.shape[1])
+
+
+def _flash_fwd(q, k, v, qpos, kpos, cq, ck):
+    o_blocks, lse, blocks = _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck)
+    return _unblock(o_blocks, q.shape[1]), (o_blocks, lse, blocks, qpos, kpos)
+
+
+def _flash_bwd(cq, ck, res, do):
+    """Flash-attention backward: recompute each score tile from the saved log-sum-exp; dK and dV are
+    accumulated in float32 over query blocks, dQ over key blocks."""
+    o_blocks, lse, (qb, qpb, kb, vb, kpb), qpos, kpos = res
+    T, S = qpos.shape[1], kpos.shape[1]
+    n, B, _, K, G, Dh = qb.shape
+    scale = 1.0 / math.sqrt(Dh)
+    dob = _blocks(do, n, cq, 0).astype(qb.dtype)
+    delta = jnp.einsum("nbckgd,nbckgd->nbkgc", dob.astype(jnp.float32), o_blocks.astype(jnp.float32))
+
+    def q_block(dkv, xs):
+        qi, qpi, doi, lsei, di = xs
+
+        def k_step(dq, ys):
+            ki, vi, kpi = ys
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale)
+            p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
+            dv = jnp.einsum("bkgcs,bckgd->bskd", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bckgd,bskd->bkgcs", doi, vi, preferred_element_type=jnp.float32)
+            ds = (p * (dp - di[..., None]) * scale).astype(qi.dtype)
+            dq = dq + jnp.einsum("bkgcs,bskd->bckgd", ds, ki, preferred_element_type=jnp.float32)
+            dk = jnp.einsum("bkgcs,bckgd->bskd", ds, qi, preferred_element_type=jnp.float32)
+            return dq, (dk, dv)
+
+        dq, (dk, dv) = jax.lax.scan(k_step, jnp.zeros(qi.shape, jnp.float32), (kb, vb, kpb))
+        return (dkv[0] + dk, dkv[1] + dv), dq.astype(qi.dtype)
+
+    zeros = jnp.zeros(kb.shape, jnp.float32)
+    (dk, dv), dq = jax.lax.scan(q_block, (zeros, zeros), (qb, qpb, dob, lse, delta))
+    return (_unblock(dq, T), _unblock(dk, S).astype(kb.dtype), _unblock(dv, S).astype(vb.dtype),
+            np.zeros(qpos.shape, jax.dtypes.float0), np.zeros(kpos.shape, jax.dtypes.float0))
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
 def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int) -> jax.Array:
-    """Causal GQA attention (key s visible to query t iff kpos <= qpos), memory-bounded: queries are
-    processed in blocks of ``chunk`` under ``jax.checkpoint`` so neither the forward nor the backward
-    pass holds a full [T, S] score matrix for long sequences."""
+    """Causal GQA attention (key s visible to query t iff kpos <= qpos), memory-bounded.
+
+    Short inputs (T and S both <= ``chunk``) take one dense softmax. Longer ones run a flash-style
+    online softmax over tiles of ``chunk`` queries x ``chunk`` keys (ragged lengths are padded), with a
+    custom backward pass that recomputes each tile from the saved log-sum-exp: neither pass ever holds
+    more than one [B, K, G, chunk, chunk] score tile, so memory is linear in the sequence length.
+    """
     B, T, H, Dh = q_BTHD.shape
-    K = k_BSKD.shape[2]
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
-    if T <= chunk or T % chunk != 0:
+    if T <= chunk and S <= chunk:
         mask = kpos_BS[:, None, :] <= qpos_BT[:, :, None]
         return _attend(q, k_BSKD, v_BSKD, mask).reshape(B, T, H, Dh)
-    n = T // chunk
-    q_NBCKGD = jnp.moveaxis(q.reshape(B, n, chunk, K, H // K, Dh), 1, 0)
-    qpos_NBC = jnp.moveaxis(qpos_BT.reshape(B, n, chunk), 1, 0)
-
-    @jax.checkpoint
-    def block(args):
-        qb, qp = args
-        return _attend(qb, k_BSKD, v_BSKD, kpos_BS[:, None, :] <= qp[:, :, None])
-
-    out = jax.lax.map(block, (q_NBCKGD, qpos_NBC))
-    return jnp.moveaxis(out, 0, 1).reshape(B, T, H, Dh)
+    o = _flash(q, k_BSKD, v_BSKD, qpos_BT, kpos_BS, min(chunk, T), min(chunk, S))
+    return o.reshape(B, T, H, Dh)
 
 
 def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):

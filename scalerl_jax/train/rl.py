@@ -70,11 +70,16 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # sanitise so non-finite inputs cannot leak NaN into the graph; the step is skipped anyway
         gen = jnp.where(jnp.isfinite(gen) & (mask > 0), gen, 0.0)
         adv = jnp.where(jnp.isfinite(batch["advantages"]), batch["advantages"], 0.0)
-        h = forward_hidden(params, tokens[:, :-1], model_cfg)
+        # The forward runs over all T tokens (the last position's output is unused, causality keeps the
+        # others exact) so the sequence stays a multiple of the attention / log-prob chunks: T - 1 would
+        # force padding copies of every block input.
+        h = forward_hidden(params, tokens, model_cfg)
+        targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
         logp, ent = token_logprobs(
-            h, head_weight(params, model_cfg), tokens[:, 1:], chunk=logp_chunk, head_dtype=model_cfg.head_dtype,
+            h, head_weight(params, model_cfg), targets, chunk=logp_chunk, head_dtype=model_cfg.head_dtype,
             temperature=temperature,
         )
+        logp, ent = logp[:, :-1], ent[:, :-1]
         loss, m = policy_loss(logp, gen, adv, mask, batch["group_ids"], loss_cfg)
         n_tok = jnp.maximum(mask.sum(), 1.0)
         stale = batch["staleness"][:, 1:].astype(jnp.float32)

@@ -289,13 +289,27 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int) -> jax.Array
     return o.reshape(B, T, H, Dh)
 
 
+def _proj(x, w, n_in: int = 1, preferred_element_type=None) -> jax.Array:
+    """``x [..., *In] @ w [*In, *Out] -> [..., *Out]`` as one 2-D matmul over the flattened leading axes.
+
+    Why not ``einsum("btd,dhk->bthk")``: its weight gradient contracts over *two* axes (b, t), and XLA:CPU
+    lowers that dot by materialising a transposed copy of the activation cotangent inside an elementwise
+    loop fusion (strided, TLB-bound: ~10x the cost of the matmul itself), which made the tiny model's
+    backward pass ~10x its forward. With the leading axes flattened first, the gradient is a plain
+    [N, In]^T @ [N, Out] matmul that the CPU dot library takes without a transpose.
+    """
+    k_in = math.prod(w.shape[:n_in])
+    y = jnp.dot(x.reshape(-1, k_in), w.reshape(k_in, -1), preferred_element_type=preferred_element_type)
+    return y.reshape(*x.shape[: x.ndim - n_in], *w.shape[n_in:])
+
+
 def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
     """One decoder layer. ``kv``: optional (cache_k [B,S,K,Dh], cache_v) to write into and attend over."""
     dt = _dt(cfg.dtype)
     h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
-    q = jnp.einsum("btd,dhk->bthk", h, lp["wq"].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", h, lp["wk"].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", h, lp["wv"].astype(dt))
+    q = _proj(h, lp["wq"].astype(dt))
+    k = _proj(h, lp["wk"].astype(dt))
+    v = _proj(h, lp["wv"].astype(dt))
     q = constrain(apply_rope(q, pos_BT, inv_freq), ("batch", "seq", "q_heads", "head_dim"))
     k = apply_rope(k, pos_BT, inv_freq)
     if kv is None:
@@ -309,13 +323,13 @@ def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
         slots = jnp.broadcast_to(jnp.arange(ck.shape[1]), (x_BTD.shape[0], ck.shape[1]))
         o = attention(q, ck.astype(dt), cv.astype(dt), pos_BT, slots, max(cfg.attn_chunk, q.shape[1]))
         new_kv = (ck, cv)
-    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", o, lp["wo"].astype(dt))
+    x_BTD = x_BTD + _proj(o, lp["wo"].astype(dt), n_in=2)
     x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
     h = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_eps)
-    g = jnp.einsum("btd,df->btf", h, lp["w_gate"].astype(dt))
-    u = jnp.einsum("btd,df->btf", h, lp["w_up"].astype(dt))
+    g = _proj(h, lp["w_gate"].astype(dt))
+    u = _proj(h, lp["w_up"].astype(dt))
     a = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"))
-    x_BTD = x_BTD + jnp.einsum("btf,fd->btd", a, lp["w_down"].astype(dt))
+    x_BTD = x_BTD + _proj(a, lp["w_down"].astype(dt))
     return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
 
 
@@ -335,7 +349,11 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
 
     if cfg.remat:
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-    x, _ = jax.lax.scan(body, _embed(params, tokens_BT, cfg), params["layers"])
+    # Without remat, a rolled scan stacks every layer's residuals into [L, ...] buffers (zero-filled, written
+    # with dynamic-update-slice, read back with dynamic-slice): on CPU that traffic cost ~1/4 of the backward
+    # pass. Unrolled, each layer's residuals are plain buffers. With remat only the [L, B, T, D] layer inputs
+    # are stacked, and a rolled loop keeps compile time flat in depth (the 8B preset).
+    x, _ = jax.lax.scan(body, _embed(params, tokens_BT, cfg), params["layers"], unroll=not cfg.remat)
     return rms_norm(x, params["final_norm"], cfg.rms_eps)
 
 
@@ -352,7 +370,7 @@ def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     """
     hdt = _dt(cfg.head_dtype)
     w = head_weight(params, cfg).astype(hdt)
-    logits = jnp.einsum("...d,dv->...v", hidden.astype(hdt), w, preferred_element_type=hdt)
+    logits = _proj(hidden.astype(hdt), w, preferred_element_type=hdt)
     return logits.astype(jnp.float32)
 
 

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--big-max-new", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--strict-bf16", action="store_true",
-                    help="XLA --xla_allow_excess_precision=false: bf16 logits are really rounded (set before JAX starts)")
+                    help="XLA --xla_allow_excess_precision=false: bf16 logits really rounded (set before JAX starts)")
     args = ap.parse_args(argv)
     if args.strict_bf16:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_excess_precision=false").strip()

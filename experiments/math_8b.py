@@ -15,7 +15,7 @@ The tiny preset (DESIGN.md "The tiny default"): a ~0.8M-parameter Llama over a 1
 warm-started on the synthetic task ``a+b*c=`` (completion ``b*c=X;a+X=Y#Y``), then trained with every ScaleRL
 component on: PipelineRL-8, CISPO (eps_max 5), FP32 LM head, prompt-level aggregation, batch advantage
 normalisation, zero-variance filtering, No-Positive-Resampling and interruption length control (thinking marker
-``#``, budget U[18, 24] tokens, answer budget 5). Evaluation rows go to metrics.jsonl; at the end the sigmoid law
+``#``, budget U[20, 26] tokens, answer budget 5). Evaluation rows go to metrics.jsonl; at the end the sigmoid law
 is fitted on the first half of the run's compute and compared with what the second half reached (report.md).
 """
 

@@ -28,21 +28,21 @@ R = dataclasses.replace
 
 def tiny_plan(seed: int = 0) -> ExperimentPlan:
     """The CPU default (DESIGN.md): ~0.8M-parameter model, synthetic arithmetic, every ScaleRL component on."""
-    length = LengthConfig(kind="interruption", think_budget_lo=18, think_budget_hi=24, answer_budget=5,
+    length = LengthConfig(kind="interruption", think_budget_lo=20, think_budget_hi=26, answer_budget=5,
                           think_end="#", interruption_text="#", penalty_max_len=24, penalty_cache=6)
     exp = ExperimentConfig(
         name="scalerl_tiny", model=tiny(), mesh=MeshConfig(fsdp=-1),
         loss=LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt", normalization="batch",
                         filter_zero_variance=True),
         rollout=RolloutConfig(mode="pipeline", k=8, prompts_per_batch=32, group_size=8, temperature=1.0,
-                              max_prompt_len=8, max_new_tokens=30, decode_chunk=8, length=length),
+                              max_prompt_len=8, max_new_tokens=32, decode_chunk=8, length=length),
         data=DataConfig(source="arith", val_size=200, seed=seed, npr=True, npr_threshold=0.9),
-        train=TrainConfig(lr=1e-4, warmup_steps=0, schedule="constant", adam_eps=1e-8, weight_decay=0.0,
+        train=TrainConfig(lr=3e-5, warmup_steps=0, schedule="constant", adam_eps=1e-8, weight_decay=0.0,
                           grad_clip=1.0, steps=320, eval_every=16, eval_samples=4, checkpoint_every=40,
                           keep_checkpoints=3, seed=seed),
         out_dir="runs/tiny",
     )
-    return ExperimentPlan(exp=exp, real=False, warm_steps=550, warm_batch=128, warm_lr=3e-3, warm_warmup=50,
+    return ExperimentPlan(exp=exp, real=False, warm_steps=320, warm_batch=128, warm_lr=3e-3, warm_warmup=50,
                           seq_len=40)
 
 
@@ -51,7 +51,7 @@ def smoke_plan(seed: int = 0) -> ExperimentPlan:
     p = tiny_plan(seed)
     exp = R(p.exp, name="scalerl_smoke", data=R(p.exp.data, val_size=96),
             train=R(p.exp.train, steps=48, eval_every=8, checkpoint_every=16, eval_samples=4))
-    return R(p, exp=exp, warm_steps=450)
+    return R(p, exp=exp)
 
 
 def real_8b_plan(seed: int = 0) -> ExperimentPlan:

@@ -1,0 +1,78 @@
+"""CI-sized end-to-end run of the main job: warm start, PipelineRL, eval rows, checkpoints, fit, report, resume."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The tiny recipe does not yet raise validation reward reliably (see the issue notes); what this guards is that
+# RL through the whole pipeline does not collapse the warm-started policy (lr 3e-4 did: 0.22 -> 0.00 in 48 steps).
+MAX_DROP = 0.08
+
+
+def _run(args, timeout=1500):
+    r = subprocess.run([sys.executable, "-m", "experiments.math_8b", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return r
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    _run(["--preset", "smoke", "--out", str(out)])
+    return out
+
+
+def _rows(out):
+    return [json.loads(line) for line in open(out / "metrics.jsonl")]
+
+
+def test_smoke_run_produces_everything(smoke_run):
+    out = smoke_run
+    rows = _rows(out)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(evals) >= 4 and train
+    for r in evals:
+        assert {"step", "device_hours", "flops", "val_reward", "val_n", "val_k"} <= set(r)
+        assert 0.0 <= r["val_reward"] <= 1.0
+    hours = [r["device_hours"] for r in evals]
+    assert hours == sorted(hours) and hours[-1] > 0
+    assert evals[-1]["val_reward"] >= evals[0]["val_reward"] - MAX_DROP, [r["val_reward"] for r in evals]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
+    assert max(r["staleness_max"] for r in train) <= 8  # PipelineRL-8
+    assert any(r["staleness_max"] > 0 for r in train)  # and the staleness is real, not hidden
+    # outputs a newcomer reads
+    report = (out / "report.md").read_text()
+    assert "Validation reward" in report and "Scaling fit" in report
+    summary = json.loads((out / "fit" / "summary.json").read_text())
+    run = next(iter(summary["runs"].values()))
+    assert 0.0 <= run["prediction"]["lo"] <= run["prediction"]["mean"] <= run["prediction"]["hi"] <= 1.0
+    for png in (out / "fit").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "fit").glob("fit_*.png")) and (out / "fit" / "A_posteriors.png").exists()
+    assert list((out / "checkpoints").iterdir()) and (out / "warmstart" / "model.safetensors").exists()
+    assert list((out / "tensorboard").iterdir())
+
+
+def test_smoke_run_resumes(smoke_run):
+    out = smoke_run
+    n_before = len([r for r in _rows(out) if r["kind"] == "train"])
+    _run(["--preset", "smoke", "--out", str(out), "--resume", "--steps", str(n_before + 8), "--no-fit"])
+    train = [r for r in _rows(out) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, n_before + 9))  # contiguous, nothing duplicated
+
+
+def test_dry_run_of_the_8b_preset():
+    r = _run(["--preset", "8b", "--dry-run"], timeout=900)
+    assert "fits" in r.stdout and "DOES NOT FIT" not in r.stdout
+
+
+def test_real_preset_without_accelerators_names_tiny():
+    r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "8b"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "--preset tiny" in r.stderr

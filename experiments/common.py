@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +51,14 @@ def _coerce(value: str, typ: Any, where: str) -> Any:
         return value
     if origin is tuple:
         return tuple(v for v in value.split(",") if v)
+    union = origin is typing.Union or origin is types.UnionType
+    if union and type(None) in typing.get_args(typ) and value.lower() == "none":
+        return None
     for t in (int, float):
-        if typ is t or (origin is typing.Union and t in typing.get_args(typ)):
+        if typ is t or (union and t in typing.get_args(typ)):
             try:
                 return t(value)
             except ValueError:
-                if value.lower() == "none" and type(None) in typing.get_args(typ):
-                    return None
                 raise ConfigError(f"{where}: expected {t.__name__}, got {value!r}") from None
     return value
 
@@ -147,7 +149,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
         raise ConfigError("run_experiment on CPU supports the synthetic task (data.source='arith'); real math data "
                           "needs an HF tokenizer and base model (the 8b preset on accelerators)")
     tok = CharTokenizer()
-    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed)
+    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
     mcfg = exp.model
     ws_dir = run_dir / "warmstart"
     t0 = time.time()

@@ -206,6 +206,7 @@ class DataConfig:
 
     source: Literal["arith", "jsonl"] = "jsonl"
     path: str = ""
+    n_train: int | None = None  # cap on training prompts (None: all not held out)
     val_size: int = 1000
     seed: int = 0
     npr: bool = True

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # The tiny recipe does not yet raise validation reward reliably (see the issue notes); what this guards is that
 # RL through the whole pipeline does not collapse the warm-started policy (lr 3e-4 did: 0.22 -> 0.00 in 48 steps).
-MAX_DROP = 0.08
+MAX_DROP = 0.10
 
 
 def _run(args, timeout=1500):
@@ -65,6 +65,34 @@ def test_smoke_run_resumes(smoke_run):
     _run(["--preset", "smoke", "--out", str(out), "--resume", "--steps", str(n_before + 8), "--no-fit"])
     train = [r for r in _rows(out) if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, n_before + 9))  # contiguous, nothing duplicated
+
+
+def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
+    """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
+    pass rate on prompts it trains on. Measured from the smoke warm start: 0.16 -> 0.34 / 0.51 / 0.62 / 0.72
+    after 8 / 16 / 24 / 32 on-policy steps at lr 1e-4 on 32 fixed prompts."""
+    import dataclasses
+
+    from experiments.common import build_trainer
+    from experiments.presets import build_plan
+    from scalerl_jax.data.pipeline import PromptData, build_prompt_data
+    from scalerl_jax.models import load_hf_checkpoint
+
+    R = dataclasses.replace
+    plan = build_plan("smoke")
+    exp = plan.exp
+    exp = R(exp, out_dir=str(tmp_path / "fixed"), data=R(exp.data, npr=False),
+            rollout=R(exp.rollout, mode="ppo_off_policy", k=1, length=R(exp.rollout.length, kind="none")),
+            train=R(exp.train, steps=32, lr=1e-4, eval_every=32, eval_samples=8, checkpoint_every=1000))
+    fixed = build_prompt_data("arith", val_size=96, seed=0).train[:32]
+    params, _ = load_hf_checkpoint(smoke_run / "warmstart")
+    trainer = build_trainer(R(plan, exp=exp), params, PromptData(train=fixed, val=fixed), log=lambda s: None)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    evals = [r for r in _rows(tmp_path / "fixed") if r["kind"] == "eval"]
+    assert evals[-1]["val_reward"] - evals[0]["val_reward"] >= 0.25, [r["val_reward"] for r in evals]
 
 
 def test_dry_run_of_the_8b_preset():

@@ -38,7 +38,7 @@ def tiny_plan(seed: int = 0) -> ExperimentPlan:
                               max_prompt_len=8, max_new_tokens=32, decode_chunk=8, length=length),
         data=DataConfig(source="arith", val_size=200, seed=seed, npr=True, npr_threshold=0.9),
         train=TrainConfig(lr=3e-5, warmup_steps=0, schedule="constant", adam_eps=1e-8, weight_decay=0.0,
-                          grad_clip=1.0, steps=320, eval_every=16, eval_samples=4, checkpoint_every=40,
+                          grad_clip=1.0, steps=192, eval_every=16, eval_samples=4, checkpoint_every=40,
                           keep_checkpoints=3, seed=seed),
         out_dir="runs/tiny",
     )

@@ -176,7 +176,7 @@ class RLTrainer:
 
     # ---- one update ----
 
-    def _train_on(self, rb: RolloutBatch, t_clock: Callable[[], None]) -> None:
+    def _train_on(self, rb: RolloutBatch, t_clock: Callable[[], None], push: bool = True) -> None:
         step = int(self.state.step)
         for p, r in zip(rb.problems, rb.rewards):
             self.curriculum.update(p.prompt_id, int((r > 0).sum()), len(r))
@@ -223,7 +223,8 @@ class RLTrainer:
                                 **self._compute_row()})
             return
         self.version = int(self.state.step)
-        self._push_weights()
+        if push:
+            self._push_weights()
         t_clock()
         row = {"kind": "train", **base, **{k: float(v) for k, v in m.items()}, "step": int(self.state.step),
                "batch_staleness": staleness, "step_seconds": dt, **self._compute_row()}
@@ -297,11 +298,7 @@ class RLTrainer:
             if int(self.state.step) >= self.tcfg.steps:
                 break
             # the generator is not updated inside a round: the trained batch j is j versions stale
-            saved_push, self._push_weights = self._push_weights, lambda: None
-            try:
-                self._train_on(rb, t_clock)
-            finally:
-                self._push_weights = saved_push
+            self._train_on(rb, t_clock, push=False)
         self._push_weights()
 
     def close(self) -> None:

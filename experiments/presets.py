@@ -50,7 +50,7 @@ def smoke_plan(seed: int = 0) -> ExperimentPlan:
     """CI-sized tiny run: the same path, fewer steps and a smaller validation set."""
     p = tiny_plan(seed)
     exp = R(p.exp, name="scalerl_smoke", data=R(p.exp.data, val_size=96),
-            train=R(p.exp.train, steps=48, eval_every=8, checkpoint_every=16, eval_samples=4))
+            train=R(p.exp.train, steps=48, eval_every=4, checkpoint_every=16, eval_samples=4))
     return R(p, exp=exp)
 
 

@@ -61,6 +61,25 @@ class ModelConfig:
     bos_token_id: int | None = 128000
     eos_token_id: int | None = 128001
     pad_token_id: int | None = None
+    # ---- Llama-4 text architecture (arch="llama4"; HF Llama4ForCausalLM). Ignored for arch="llama". ----
+    arch: Literal["llama", "llama4"] = "llama"
+    n_experts: int = 0  # routed experts per MoE layer (HF num_local_experts)
+    top_k: int = 1  # experts per token (HF num_experts_per_tok); scores are sigmoid(router logit)
+    expert_ffn_dim: int = 0  # routed and shared expert width (HF intermediate_size); dense layers use ffn_dim
+    moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... are MoE (HF interleave_moe_layer_step)
+    nope_every: int = 0  # every nope_every-th layer has no RoPE (HF no_rope_layer_interval); 0: RoPE everywhere
+    local_attn_chunk: int | None = None  # RoPE layers attend within chunks of this many positions (HF
+    #                                      attention_chunk_size); NoPE layers attend globally
+    qk_norm: bool = False  # weightless RMS ("L2") norm of q and k after RoPE, RoPE layers only
+    attn_temp_tuning: bool = False  # NoPE layers scale q by 1 + attn_scale * log1p(floor((pos + 1) / floor))
+    attn_floor_scale: int = 8192
+    attn_scale: float = 0.1
+    moe_impl: Literal["ragged", "dense"] = "ragged"  # ragged: sort + grouped matmul (expert-parallel under a
+    #                                                   mesh with an expert axis); dense: every expert on every
+    #                                                   token, the reference for tiny configs
+    moe_capacity_factor: float | None = None  # expert-parallel send buffer = factor * tokens * top_k / expert
+    #                                           shards per destination (overflow is dropped and counted); None:
+    #                                           dropless (buffers sized for the worst case)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
@@ -71,22 +90,71 @@ class ModelConfig:
         )
         for name in ("dtype", "param_dtype", "head_dtype"):
             _check(getattr(self, name) in ("float32", "bfloat16"), f"ModelConfig.{name} must be float32|bfloat16")
+        _check(self.arch in ("llama", "llama4"), f"ModelConfig.arch must be 'llama' or 'llama4', got {self.arch!r}")
+        if self.arch == "llama4":
+            _check(self.n_experts >= 1, f"ModelConfig.n_experts must be >= 1 for arch='llama4', got {self.n_experts}")
+            _check(1 <= self.top_k <= self.n_experts,
+                   f"ModelConfig.top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}")
+            _check(self.expert_ffn_dim > 0, f"ModelConfig.expert_ffn_dim must be > 0, got {self.expert_ffn_dim}")
+            _check(1 <= self.moe_every <= self.n_layers,
+                   f"ModelConfig.moe_every must be in [1, n_layers={self.n_layers}], got {self.moe_every}")
+            _check(self.nope_every >= 0, f"ModelConfig.nope_every must be >= 0, got {self.nope_every}")
+            _check(self.local_attn_chunk is None or self.local_attn_chunk >= 1,
+                   f"ModelConfig.local_attn_chunk must be None or >= 1, got {self.local_attn_chunk}")
+            _check(self.moe_impl in ("ragged", "dense"),
+                   f"ModelConfig.moe_impl must be 'ragged' or 'dense', got {self.moe_impl!r}")
+            _check(self.moe_capacity_factor is None or self.moe_capacity_factor > 0,
+                   f"ModelConfig.moe_capacity_factor must be None or > 0, got {self.moe_capacity_factor}")
+            _check(self.attn_floor_scale >= 1, f"ModelConfig.attn_floor_scale must be >= 1, got {self.attn_floor_scale}")
+
+    # ---- Llama-4 layer pattern ----
+    def is_moe_layer(self, i: int) -> bool:
+        return self.arch == "llama4" and (i + 1) % self.moe_every == 0
+
+    def uses_rope(self, i: int) -> bool:
+        return self.arch != "llama4" or self.nope_every == 0 or (i + 1) % self.nope_every != 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+
+    def _ffn_params(self, active: bool) -> int:
+        d = self.d_model
+        if self.arch != "llama4":
+            return self.n_layers * 3 * d * self.ffn_dim
+        n_moe = self.n_moe_layers
+        experts = self.top_k if active else self.n_experts
+        moe = d * self.n_experts + (experts + 1) * 3 * d * self.expert_ffn_dim  # router, routed + shared
+        return (self.n_layers - n_moe) * 3 * d * self.ffn_dim + n_moe * moe
 
     def num_params(self) -> int:
-        """Total parameter count (embeddings and head included)."""
-        d, f, l = self.d_model, self.ffn_dim, self.n_layers
+        """Total parameter count (embeddings and head included; every expert of an MoE model)."""
+        d, l = self.d_model, self.n_layers
         attn = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        per_layer = attn + 3 * d * f + 2 * d
         head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + l * per_layer + d + head
+        return self.vocab_size * d + l * (attn + 2 * d) + self._ffn_params(active=False) + d + head
+
+    def num_active_params(self) -> int:
+        """Parameters one token passes through (MoE: top_k routed experts + the shared one; = num_params
+        for a dense model)."""
+        d, l = self.d_model, self.n_layers
+        attn = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + l * (attn + 2 * d) + self._ffn_params(active=True) + d + head
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Forward FLOPs per token at context ``seq_len``: 2 x matmul weights (layers and LM head; the
-        embedding is a gather) plus causal attention (QK^T and AV over on average seq_len / 2 keys)."""
-        d, f = self.d_model, self.ffn_dim
-        per_layer = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads) + 3 * d * f
-        matmul = self.n_layers * per_layer + self.vocab_size * d
-        attn = 2 * self.n_layers * self.n_heads * self.head_dim * seq_len
+        """Forward FLOPs per token at context ``seq_len``: 2 x the active matmul weights (layers and LM head;
+        the embedding is a gather) plus causal attention (QK^T and AV over on average seq_len / 2 keys; chunked
+        local attention layers see at most ``local_attn_chunk`` keys)."""
+        d = self.d_model
+        matmul = self.n_layers * d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        matmul += self._ffn_params(active=True) + self.vocab_size * d
+        attn = 0.0
+        for i in range(self.n_layers):
+            ctx = seq_len
+            if self.arch == "llama4" and self.uses_rope(i) and self.local_attn_chunk:
+                ctx = min(seq_len, self.local_attn_chunk)
+            attn += 2 * self.n_heads * self.head_dim * ctx
         return 2.0 * matmul + attn
 
 

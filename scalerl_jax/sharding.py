@@ -2,8 +2,7 @@
 
 Every parameter and the main activations carry logical axis names (see
 ``scalerl_jax.models.llama.PARAM_AXES``). A :class:`ShardingRules` table maps each logical name to
-zero, one or several mesh axes (``data``, ``fsdp``, ``tensor``; ``expert`` is reserved for the MoE
-model). A dimension whose size does not divide by its mesh axes is replicated instead, so one rules
+zero, one or several mesh axes (``data``, ``fsdp``, ``tensor``, ``expert``). A dimension whose size does not divide by its mesh axes is replicated instead, so one rules
 table serves the tiny model and the 8B preset.
 """
 
@@ -29,9 +28,11 @@ MeshAxes = str | tuple[str, ...] | None
 class ShardingRules:
     """Logical axis name -> mesh axis (or tuple of axes, or None for replicated)."""
 
-    batch: MeshAxes = ("data", "fsdp")
+    # The MoE model's ``expert`` axis doubles as a data / FSDP axis for everything that is not an expert
+    # weight (tokens and dense weights are sharded over it too); for a dense model it has size 1.
+    batch: MeshAxes = ("data", "fsdp", "expert")
     seq: MeshAxes = None
-    embed: MeshAxes = "fsdp"  # the d_model dimension of weights (FSDP shards it)
+    embed: MeshAxes = ("fsdp", "expert")  # the d_model dimension of weights (FSDP shards it)
     act_embed: MeshAxes = None  # the d_model dimension of activations
     vocab: MeshAxes = "tensor"
     q_heads: MeshAxes = "tensor"

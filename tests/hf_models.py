@@ -34,3 +34,39 @@ def torch_logits(model, tokens: np.ndarray) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor(tokens, dtype=torch.long)).logits.float().numpy()
+
+
+def make_hf_llama4(path: Path, *, vocab=97, hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, expert_ffn=48,
+                   dense_ffn=80, experts=4, top_k=1, moe_step=2, nope_interval=2, chunk=4, qk_norm=True,
+                   temp_tuning=True, floor_scale=4, llama3_rope=True, seed=0, init_std=0.02):
+    """Save a random text-only Llama4ForCausalLM (float32) to ``path`` and return the torch model (eager
+    attention). Defaults exercise every Llama-4 feature on a short sequence: interleaved MoE layers, NoPE
+    layers, chunked attention shorter than the test sequence, QK norm and temperature tuning that changes
+    within it (a small ``floor_scale``)."""
+    import torch
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    torch.manual_seed(seed)
+    rope = {"rope_type": "default", "rope_theta": 500000.0}
+    if llama3_rope:
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    cfg = Llama4TextConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=expert_ffn, intermediate_size_mlp=dense_ffn,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        num_local_experts=experts, num_experts_per_tok=top_k, interleave_moe_layer_step=moe_step,
+        no_rope_layer_interval=nope_interval, attention_chunk_size=chunk, use_qk_norm=qk_norm,
+        attn_temperature_tuning=temp_tuning, floor_scale=floor_scale, attn_scale=0.1, rope_parameters=rope,
+        max_position_embeddings=256, initializer_range=init_std, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "eager"
+    model = Llama4ForCausalLM(cfg).eval().float()
+    with torch.no_grad():  # HF initialises the router and norms to near-constant values: randomise them so
+        for name, p in model.named_parameters():  # routing differs across tokens and norms matter
+            if "router" in name:
+                p.normal_(0.0, 1.0)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    return model

@@ -12,10 +12,10 @@ from scalerl_jax.models.llama import (
     lm_logits,
     param_axes,
 )
-from scalerl_jax.models.presets import get_preset, llama3_8b, llama_100m, tiny
+from scalerl_jax.models.presets import get_preset, llama3_8b, llama_100m, scout_17b16e, tiny, tiny_moe
 
 __all__ = [
     "CheckpointError", "abstract_params", "forward", "forward_cached", "forward_hidden", "get_preset",
     "head_weight", "init_cache", "init_params", "llama3_8b", "llama_100m", "lm_logits", "load_hf_checkpoint",
-    "param_axes", "save_hf_checkpoint", "tiny",
+    "param_axes", "save_hf_checkpoint", "scout_17b16e", "tiny", "tiny_moe",
 ]

@@ -1,4 +1,4 @@
-"""HF ``LlamaForCausalLM`` checkpoints (config.json + single or sharded safetensors) <-> our params.
+"""HF ``LlamaForCausalLM`` (and, via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or sharded safetensors) <-> our params.
 
 The safetensors container is read and written here directly (header JSON + raw little-endian bytes,
 memory-mapped on read) so bfloat16 tensors need no torch; ``ml_dtypes`` gives NumPy its bfloat16.
@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.models import hf_llama4
 from scalerl_jax.models.llama import Params, param_shapes
 
 
@@ -29,7 +30,7 @@ class CheckpointError(ValueError):
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
-SUPPORTED_ARCHS = ("LlamaForCausalLM",)
+SUPPORTED_ARCHS = ("LlamaForCausalLM", *hf_llama4.ARCHS)
 
 
 # ---- safetensors container -------------------------------------------------------------------------
@@ -87,7 +88,10 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -
 
 
 def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    """ModelConfig from an HF Llama config dict (transformers 4 ``rope_scaling`` or 5 ``rope_parameters``)."""
+    """ModelConfig from an HF Llama or Llama-4 config dict (transformers 4 ``rope_scaling`` or 5
+    ``rope_parameters``)."""
+    if hf_llama4.is_llama4(hf):
+        return hf_llama4.config_from_hf(hf, source, CheckpointError)
     archs = hf.get("architectures")
     if archs is not None and not any(a in SUPPORTED_ARCHS for a in archs):
         raise CheckpointError(f"{source}: field 'architectures' expected one of {SUPPORTED_ARCHS}, found {archs}")
@@ -257,14 +261,18 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
         return arr
 
     shapes = param_shapes(cfg)
+    prefix = hf_llama4.text_config(hf_cfg)[1] if cfg.arch == "llama4" else ""
     params: Params = {
-        "embed": np.asarray(get("model.embed_tokens.weight", shapes["embed"]), np_dt),
-        "final_norm": np.asarray(get("model.norm.weight", shapes["final_norm"]), np_dt),
+        "embed": np.asarray(get(prefix + "model.embed_tokens.weight", shapes["embed"]), np_dt),
+        "final_norm": np.asarray(get(prefix + "model.norm.weight", shapes["final_norm"]), np_dt),
         "layers": {},
     }
     if not cfg.tie_embeddings:
         v, d = shapes["lm_head"][1], shapes["lm_head"][0]
-        params["lm_head"] = np.asarray(get("lm_head.weight", (v, d)).T, np_dt)
+        params["lm_head"] = np.asarray(get(prefix + "lm_head.weight", (v, d)).T, np_dt)
+    if cfg.arch == "llama4":
+        params.update(hf_llama4.load_layers(get, cfg, shapes, np_dt, prefix, _from_hf_layout, _hf_layer_shape))
+        return params, cfg
     for key, suffix in _LAYER_MAP:
         full = shapes["layers"][key]
         per = full[1:]
@@ -281,9 +289,12 @@ def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> d
     np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), params)
     sd = {"model.embed_tokens.weight": host["embed"].astype(np_dt)}
-    for i in range(cfg.n_layers):
-        for key, suffix in _LAYER_MAP:
-            sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt)
+    if cfg.arch == "llama4":
+        sd.update(hf_llama4.layer_state_dict(host, cfg, np_dt, _to_hf_layout))
+    else:
+        for i in range(cfg.n_layers):
+            for key, suffix in _LAYER_MAP:
+                sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt)
     sd["model.norm.weight"] = host["final_norm"].astype(np_dt)
     if not cfg.tie_embeddings:
         sd["lm_head.weight"] = host["lm_head"].T.astype(np_dt)
@@ -326,6 +337,7 @@ def save_hf_checkpoint(
         (path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
-    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
+    hf_cfg = hf_llama4.config_to_hf(cfg, dtype) if cfg.arch == "llama4" else config_to_hf(cfg, dtype)
+    (path / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))

@@ -1,4 +1,5 @@
-"""Dense Llama decoder as pure functions over a weight pytree.
+"""Dense Llama decoder as pure functions over a weight pytree (``arch="llama4"`` configs are dispatched to
+:mod:`scalerl_jax.models.llama4`, which reuses the building blocks here).
 
 Dimension legend (shape suffixes on array names):
     B batch, T time (query positions), S cache slots (key positions), D model width,
@@ -55,6 +56,10 @@ def _dt(name: str) -> jnp.dtype:
 
 def param_axes(cfg: ModelConfig) -> Params:
     """Logical axis names for every parameter of ``cfg`` (same tree structure as the params)."""
+    if cfg.arch == "llama4":
+        from scalerl_jax.models import llama4
+
+        return llama4.param_axes(cfg)
     axes = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PARAM_AXES.items()}
     if cfg.tie_embeddings:
         axes.pop("lm_head")
@@ -63,6 +68,10 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 def param_shapes(cfg: ModelConfig) -> Params:
     """Shape of every parameter (same tree structure as the params)."""
+    if cfg.arch == "llama4":
+        from scalerl_jax.models import llama4
+
+        return llama4.param_shapes(cfg)
     L, D, H, K, Dh, F, V = (
         cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size,
     )
@@ -105,7 +114,7 @@ def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
         if name.endswith("norm"):
             out.append(jnp.ones(shape, dt))
         else:
-            scale = std / math.sqrt(2 * cfg.n_layers) if name in ("wo", "w_down") else std
+            scale = std / math.sqrt(2 * cfg.n_layers) if name in ("wo", "w_down", "shared_down") else std
             out.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(dt))
     return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -171,17 +180,26 @@ def _blocks(x, n: int, c: int, fill):
     return jnp.moveaxis(x.reshape(x.shape[0], n, c, *x.shape[2:]), 1, 0)
 
 
-def _flash_scores(qb, kb, qp, kp, scale):
+def causal_mask(qpos_BT, kpos_BS, local: int = 0) -> jax.Array:
+    """[B, T, S] visibility: key s is visible to query t iff kpos <= qpos, and, with ``local`` > 0 (Llama-4
+    chunked attention), both positions fall in the same ``local``-sized chunk."""
+    mask = kpos_BS[:, None, :] <= qpos_BT[:, :, None]
+    if local:
+        mask &= (kpos_BS[:, None, :] // local) == (qpos_BT[:, :, None] // local)
+    return mask
+
+
+def _flash_scores(qb, kb, qp, kp, scale, local: int = 0):
     """Scaled scores [B, K, G, Cq, Ck] of one (query block, key block) pair and its causal mask."""
     s = jnp.einsum("bckgd,bskd->bkgcs", qb, kb, preferred_element_type=jnp.float32) * scale
     # The barrier ties the mask to this tile's scores: without it XLA hoists the (position-only, hence
     # loop-invariant) masks of all tiles out of the loops, materialising an O(T x S) boolean array.
     s, qp, kp = jax.lax.optimization_barrier((s, qp, kp))
-    mask = (kp[:, None, :] <= qp[:, :, None])[:, None, None]
+    mask = causal_mask(qp, kp, local)[:, None, None]
     return s, mask
 
 
-def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck):
+def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local=0):
     """Online-softmax attention over (query block x key block) tiles: peak score memory is one
     [B, K, G, cq, ck] float32 tile. Returns blocked outputs [N, B, cq, K, G, Dh] and the row
     log-sum-exp [N, B, K, G, cq] (needed by the backward pass)."""
@@ -200,7 +218,7 @@ def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck):
         def k_step(carry, xs):
             mx, l, acc = carry
             ki, vi, kpi = xs
-            s, mask = _flash_scores(qi, ki, qpi, kpi, scale)
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, local)
             s = jnp.where(mask, s, _NEG)
             mx_new = jnp.maximum(mx, s.max(-1))
             p = jnp.where(mask, jnp.exp(s - mx_new[..., None]), 0.0)
@@ -225,17 +243,17 @@ def _unblock(x_NBC, T: int):
     return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :T]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _flash(q, k, v, qpos, kpos, cq: int, ck: int):
-    return _unblock(_flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck)[0], q.shape[1])
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, qpos, kpos, cq: int, ck: int, local: int = 0):
+    return _unblock(_flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local)[0], q.shape[1])
 
 
-def _flash_fwd(q, k, v, qpos, kpos, cq, ck):
-    o_blocks, lse, blocks = _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck)
+def _flash_fwd(q, k, v, qpos, kpos, cq, ck, local=0):
+    o_blocks, lse, blocks = _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local)
     return _unblock(o_blocks, q.shape[1]), (o_blocks, lse, blocks, qpos, kpos)
 
 
-def _flash_bwd(cq, ck, res, do):
+def _flash_bwd(cq, ck, local, res, do):
     """Flash-attention backward: recompute each score tile from the saved log-sum-exp; dK and dV are
     accumulated in float32 over query blocks, dQ over key blocks."""
     o_blocks, lse, (qb, qpb, kb, vb, kpb), qpos, kpos = res
@@ -250,7 +268,7 @@ def _flash_bwd(cq, ck, res, do):
 
         def k_step(dq, ys):
             ki, vi, kpi = ys
-            s, mask = _flash_scores(qi, ki, qpi, kpi, scale)
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, local)
             p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
             dv = jnp.einsum("bkgcs,bckgd->bskd", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
             dp = jnp.einsum("bckgd,bskd->bkgcs", doi, vi, preferred_element_type=jnp.float32)
@@ -271,8 +289,9 @@ def _flash_bwd(cq, ck, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int) -> jax.Array:
-    """Causal GQA attention (key s visible to query t iff kpos <= qpos), memory-bounded.
+def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local: int = 0) -> jax.Array:
+    """Causal GQA attention (key s visible to query t iff kpos <= qpos; with ``local`` > 0 also only within the
+    same ``local``-position chunk, Llama 4's chunked attention), memory-bounded.
 
     Short inputs (T and S both <= ``chunk``) take one dense softmax. Longer ones run a flash-style
     online softmax over tiles of ``chunk`` queries x ``chunk`` keys (ragged lengths are padded), with a
@@ -283,9 +302,8 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int) -> jax.Array
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
     if T <= chunk and S <= chunk:
-        mask = kpos_BS[:, None, :] <= qpos_BT[:, :, None]
-        return _attend(q, k_BSKD, v_BSKD, mask).reshape(B, T, H, Dh)
-    o = _flash(q, k_BSKD, v_BSKD, qpos_BT, kpos_BS, min(chunk, T), min(chunk, S))
+        return _attend(q, k_BSKD, v_BSKD, causal_mask(qpos_BT, kpos_BS, local)).reshape(B, T, H, Dh)
+    o = _flash(q, k_BSKD, v_BSKD, qpos_BT, kpos_BS, min(chunk, T), min(chunk, S), local)
     return o.reshape(B, T, H, Dh)
 
 
@@ -340,6 +358,10 @@ def _embed(params: Params, tokens_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, positions_BT=None) -> jax.Array:
     """Final-norm hidden states [B, T, D] (compute dtype) for a causal pass without a cache."""
+    if cfg.arch == "llama4":
+        from scalerl_jax.models import llama4
+
+        return llama4.forward_hidden(params, tokens_BT, cfg, positions_BT)
     B, T = tokens_BT.shape
     pos = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
     inv_freq = rope_inv_freq(cfg)
@@ -400,6 +422,10 @@ def forward_cached(
     Rows advance independently, so a batch may mix sequences of different lengths. Returns final-norm
     hidden states [B, T, D] (feed the positions you need to :func:`lm_logits`) and the updated cache.
     """
+    if cfg.arch == "llama4":
+        from scalerl_jax.models import llama4
+
+        return llama4.forward_cached(params, tokens_BT, positions_BT, cache, cfg)
     inv_freq = rope_inv_freq(cfg)
 
     def body(x, xs):

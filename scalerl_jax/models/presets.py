@@ -1,4 +1,5 @@
-"""Model presets: the tiny CPU default, a ~100M benchmark model and Llama-3.1-8B shapes."""
+"""Model presets: the tiny CPU default, a ~100M benchmark model, Llama-3.1-8B shapes, and the Llama-4 MoE
+pair (``tiny_moe`` for CPU, ``scout_17b16e``)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,39 @@ def llama3_8b() -> ModelConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "llama_100m": llama_100m, "llama3_8b": llama3_8b, "8b": llama3_8b}
+def tiny_moe() -> ModelConfig:
+    """The tiny model as a Llama-4 MoE: 4 experts (top-1) + a shared expert on layers 1 and 3, dense SwiGLU on 0
+    and 2, layer 3 NoPE (global attention, temperature tuning), RoPE layers chunked to 32 positions with QK norm.
+    ~1.4M parameters in total, ~0.9M active per token."""
+    return ModelConfig(
+        arch="llama4", vocab_size=17, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=512,
+        n_experts=4, top_k=1, expert_ffn_dim=256, moe_every=2, nope_every=4, local_attn_chunk=32, qk_norm=True,
+        attn_temp_tuning=True, attn_floor_scale=16, attn_scale=0.1, rope_theta=10000.0, rope_scaling=None,
+        rms_eps=1e-5, tie_embeddings=False, max_seq_len=64, dtype="float32", param_dtype="float32",
+        head_dtype="float32", remat=False, attn_chunk=64, bos_token_id=None, eos_token_id=1, pad_token_id=0,
+    )
+
+
+def scout_17b16e() -> ModelConfig:
+    """Llama-4-Scout-17B-16E text shapes (HF ``meta-llama/Llama-4-Scout-17B-16E`` text_config): 48 layers, all
+    MoE (16 routed experts, top-1, + shared), d 5120, 40 / 8 heads of 128, expert FFN 8192, dense FFN 16384
+    (unused: every layer is MoE), vocab 202048, every 4th layer NoPE, 8192-token chunked attention on the RoPE
+    layers, QK norm, temperature tuning, llama3 RoPE (factor 16). ~108B parameters, ~17B active per token."""
+    return ModelConfig(
+        arch="llama4", vocab_size=202048, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, head_dim=128,
+        ffn_dim=16384, n_experts=16, top_k=1, expert_ffn_dim=8192, moe_every=1, nope_every=4,
+        local_attn_chunk=8192, qk_norm=True, attn_temp_tuning=True, attn_floor_scale=8192, attn_scale=0.1,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                                 original_max_position_embeddings=8192),
+        rms_eps=1e-5, tie_embeddings=False, max_seq_len=10485760, dtype="bfloat16", param_dtype="float32",
+        head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=200000, eos_token_id=200001,
+        pad_token_id=200018,
+    )
+
+
+PRESETS = {"tiny": tiny, "llama_100m": llama_100m, "llama3_8b": llama3_8b, "8b": llama3_8b, "tiny_moe": tiny_moe,
+           "scout_17b16e": scout_17b16e, "scout": scout_17b16e}
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -54,6 +54,18 @@ def abstract_batch(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in spec.items()}
 
 
+def router_metrics(stats: dict, n_experts: int) -> dict[str, jax.Array]:
+    """Train-row router statistics of an MoE forward: per-expert share of the token-expert assignments
+    (averaged over MoE layers; 1/E each when balanced), the worst layer's max / min share relative to uniform,
+    and the fraction of assignments dropped by a capacity limit."""
+    load = jax.lax.stop_gradient(stats["load"])  # [Lm, E]
+    out = {f"router_load_e{e}": load[:, e].mean() for e in range(n_experts)}
+    out["router_load_max"] = load.max() * n_experts
+    out["router_load_min"] = load.min() * n_experts
+    out["router_dropped_frac"] = 1.0 - jax.lax.stop_gradient(stats["kept"]).mean()
+    return out
+
+
 def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float = 1.0, logp_chunk: int = 512):
     """``loss_fn(params, batch) -> (loss, metrics)`` for :func:`scalerl_jax.train.make_train_step`."""
 
@@ -73,7 +85,13 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # The forward runs over all T tokens (the last position's output is unused, causality keeps the
         # others exact) so the sequence stays a multiple of the attention / log-prob chunks: T - 1 would
         # force padding copies of every block input.
-        h = forward_hidden(params, tokens, model_cfg)
+        router = None
+        if model_cfg.arch == "llama4":
+            from scalerl_jax.models import llama4
+
+            h, router = llama4.forward_hidden(params, tokens, model_cfg, return_aux=True)
+        else:
+            h = forward_hidden(params, tokens, model_cfg)
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
         logp, ent = token_logprobs(
             h, head_weight(params, model_cfg), targets, chunk=logp_chunk, head_dtype=model_cfg.head_dtype,
@@ -92,6 +110,8 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
             inputs_finite=finite.astype(jnp.float32),
             update_ok=finite,
         )
+        if router is not None:
+            metrics.update(router_metrics(router, model_cfg.n_experts))
         return loss, metrics
 
     return loss_fn

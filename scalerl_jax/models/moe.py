@@ -1,0 +1,195 @@
+"""Llama-4 mixture-of-experts feed-forward: sigmoid top-k router, routed experts, shared expert.
+
+Dimension legend: N tokens (flattened B x T), D model width, E experts, F expert width, k experts per token,
+X expert-parallel shards (size of the ``expert`` mesh axis), C per-destination send-buffer rows.
+
+Routing follows HF ``Llama4TextMoe``: router logits ``h @ W_r``; the top-k logits go through a sigmoid (the
+others score 0); each selected expert receives the token *pre-scaled* by its score, ``e(h * s)``; the outputs
+are summed and the shared expert's ``shared(h)`` added.
+
+Three dispatch paths compute the same function:
+
+* ``dense``: every expert on every token, with score 0 for the unselected ones (an expert of a zero input
+  outputs exactly 0). E x the FLOPs; the reference for tiny configs.
+* ``ragged``, one shard: assignments sorted by expert, one grouped matmul per projection
+  (``jax.lax.ragged_dot``), results scattered back.
+* ``ragged`` under a mesh whose ``expert`` axis is > 1: expert parallelism inside ``shard_map``. Tokens are
+  sharded over the batch axes (which include ``expert``), experts over ``expert``. Each shard sorts its
+  assignments by destination shard into a fixed [X, C] send buffer, one ``all_to_all`` over ``expert`` delivers
+  them, the receiver runs its local experts with ``ragged_dot``, and a second ``all_to_all`` brings the results
+  back to be combined. ``C`` is the worst case (dropless) unless ``ModelConfig.moe_capacity_factor`` is set,
+  in which case assignments past a destination's buffer are dropped (their contribution is 0) and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from scalerl_jax.config import ConfigError, ModelConfig
+from scalerl_jax import sharding as shd
+
+MOE_AXES: dict[str, tuple] = {
+    "router": ("layers", "embed", None),
+    "w_gate": ("layers", "experts", "embed", "mlp"),
+    "w_up": ("layers", "experts", "embed", "mlp"),
+    "w_down": ("layers", "experts", "mlp", "embed"),
+    "shared_gate": ("layers", "embed", "mlp"),
+    "shared_up": ("layers", "embed", "mlp"),
+    "shared_down": ("layers", "mlp", "embed"),
+}
+
+
+def moe_shapes(cfg: ModelConfig, n_layers: int) -> dict[str, tuple[int, ...]]:
+    D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
+    return {
+        "router": (n_layers, D, E),
+        "w_gate": (n_layers, E, D, F), "w_up": (n_layers, E, D, F), "w_down": (n_layers, E, F, D),
+        "shared_gate": (n_layers, D, F), "shared_up": (n_layers, D, F), "shared_down": (n_layers, F, D),
+    }
+
+
+def _mlp(h, w_gate, w_up, w_down):
+    from scalerl_jax.models.llama import _proj
+
+    return _proj(jax.nn.silu(_proj(h, w_gate)) * _proj(h, w_up), w_down)
+
+
+def route(h_ND: jax.Array, w_router_DE: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Router logits [N, E] (float32), the top-k expert ids [N, k] and their sigmoid scores [N, k]."""
+    logits = jnp.dot(h_ND.astype(jnp.float32), w_router_DE.astype(jnp.float32))
+    top, idx = jax.lax.top_k(logits, top_k)
+    return logits, idx, jax.nn.sigmoid(top)
+
+
+def _dense_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd):
+    """Every expert on every token (unselected experts see a zero input and contribute exactly 0)."""
+    E = wg.shape[0]
+    s_NE = jnp.sum(jax.nn.one_hot(idx_Nk, E, dtype=jnp.float32) * s_Nk[..., None], axis=1)
+    x_END = h_ND[None] * s_NE.T[..., None].astype(h_ND.dtype)
+    g = jnp.einsum("end,edf->enf", x_END, wg)
+    u = jnp.einsum("end,edf->enf", x_END, wu)
+    return jnp.einsum("enf,efd->nd", jax.nn.silu(g) * u, wd)
+
+
+def _grouped_mlp(x_MD, group_sizes, wg, wu, wd):
+    """Rows of ``x_MD`` sorted by expert (``group_sizes[e]`` rows for expert e, then unused rows) through
+    their expert's SwiGLU with grouped matmuls; unused rows give 0."""
+    g = jax.lax.ragged_dot(x_MD, wg, group_sizes)
+    u = jax.lax.ragged_dot(x_MD, wu, group_sizes)
+    y = jax.lax.ragged_dot(jax.nn.silu(g) * u, wd, group_sizes)
+    used = jnp.arange(x_MD.shape[0]) < jnp.sum(group_sizes)
+    return jnp.where(used[:, None], y, 0).astype(x_MD.dtype)
+
+
+def _ragged_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd):
+    """Sort assignments by expert, grouped matmuls, scatter-add back (one shard holds every expert)."""
+    N, k = idx_Nk.shape
+    E = wg.shape[0]
+    e = idx_Nk.reshape(-1)
+    order = jnp.argsort(e, stable=True)
+    tok = (jnp.arange(N * k) // k)[order]
+    x = h_ND[tok] * s_Nk.reshape(-1)[order][:, None].astype(h_ND.dtype)
+    y = _grouped_mlp(x, jnp.bincount(e, length=E).astype(jnp.int32), wg, wu, wd)
+    return jnp.zeros_like(h_ND).at[tok].add(y)
+
+
+def _ep_local(x_BTD, idx_BTk, s_BTk, wg, wu, wd, *, n_ep: int, capacity_factor,
+              embed_axes: tuple[str, ...], tensor_axes: tuple[str, ...]):
+    """One expert-parallel shard: its tokens [B', T, D] and its experts [E/X, D', F']."""
+    B, T, D = x_BTD.shape
+    k = idx_BTk.shape[-1]
+    if embed_axes:  # FSDP-sharded expert weights: gather the model dimension for this layer
+        wg = jax.lax.all_gather(wg, embed_axes, axis=1, tiled=True)
+        wu = jax.lax.all_gather(wu, embed_axes, axis=1, tiled=True)
+        wd = jax.lax.all_gather(wd, embed_axes, axis=2, tiled=True)
+    e_loc = wg.shape[0]
+    n = B * T * k
+    x_ND = x_BTD.reshape(B * T, D)
+    e = idx_BTk.reshape(-1)
+    order = jnp.argsort(e, stable=True)
+    e_s = e[order]
+    tok_s = (jnp.arange(n) // k)[order]
+    s_s = s_BTk.reshape(-1)[order]
+    c = n if capacity_factor is None else max(1, math.ceil(capacity_factor * n / n_ep))
+    dest = e_s // e_loc
+    counts = jnp.bincount(dest, length=n_ep)
+    rank = jnp.arange(n) - (jnp.cumsum(counts) - counts)[dest]
+    keep = rank < c
+    slot = jnp.where(keep, dest * c + rank, n_ep * c)  # overflow goes to a dump row that is never sent
+    send_x = jnp.zeros((n_ep * c + 1, D), x_ND.dtype).at[slot].set(x_ND[tok_s] * s_s[:, None].astype(x_ND.dtype))
+    send_e = jnp.full((n_ep * c + 1,), e_loc, jnp.int32).at[slot].set((e_s % e_loc).astype(jnp.int32))
+    recv_x = jax.lax.all_to_all(send_x[:-1], "expert", 0, 0, tiled=True)  # [X * C, D], grouped by source
+    recv_e = jax.lax.all_to_all(send_e[:-1], "expert", 0, 0, tiled=True)  # local expert id, e_loc = empty
+    order2 = jnp.argsort(recv_e, stable=True)
+    sizes = jnp.bincount(recv_e, length=e_loc + 1)[:e_loc].astype(jnp.int32)
+    y_sorted = _grouped_mlp(recv_x[order2], sizes, wg, wu, wd)
+    y_recv = jnp.zeros_like(recv_x).at[order2].set(y_sorted)
+    if tensor_axes:  # the expert width is sharded: the down projection produced partial sums
+        y_recv = jax.lax.psum(y_recv, tensor_axes)
+    y_back = jax.lax.all_to_all(y_recv, "expert", 0, 0, tiled=True)  # back in this shard's send layout
+    y_assign = jnp.where(keep[:, None], y_back[jnp.minimum(slot, n_ep * c - 1)], 0)
+    out = jnp.zeros_like(x_ND).at[tok_s].add(y_assign)
+    kept = jnp.zeros((B * T,), jnp.float32).at[tok_s].add(keep.astype(jnp.float32)) / k
+    return out.reshape(B, T, D), kept.reshape(B, T)
+
+
+def _axes_tuple(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _expert_parallel(h_BTD, idx_BTk, s_BTk, wg, wu, wd, cfg: ModelConfig, mesh, rules):
+    n_ep = mesh.shape["expert"]
+    if cfg.n_experts % n_ep:
+        raise ConfigError(f"ModelConfig.n_experts ({cfg.n_experts}) must be divisible by the mesh's expert axis "
+                          f"({n_ep}) for expert parallelism")
+    x_spec = shd.logical_to_spec(("batch", "seq", None), h_BTD.shape, mesh, rules)
+    w_spec = shd.logical_to_spec(MOE_AXES["w_gate"][1:], wg.shape, mesh, rules)
+    wd_spec = shd.logical_to_spec(MOE_AXES["w_down"][1:], wd.shape, mesh, rules)
+    if _axes_tuple(w_spec[0]) != ("expert",):
+        raise ConfigError(f"expert weights {tuple(wg.shape)} do not shard their expert dimension over the mesh's "
+                          f"expert axis (spec {w_spec}); check ShardingRules.experts")
+    embed_axes, tensor_axes = _axes_tuple(w_spec[1]), _axes_tuple(w_spec[2])
+    tok_spec = P(x_spec[0], x_spec[1], None)
+    fn = jax.shard_map(
+        lambda x, i, s, g, u, d: _ep_local(x, i, s, g, u, d, n_ep=n_ep,
+                                           capacity_factor=cfg.moe_capacity_factor, embed_axes=embed_axes,
+                                           tensor_axes=tensor_axes),
+        mesh=mesh, in_specs=(x_spec, tok_spec, tok_spec, w_spec, w_spec, wd_spec),
+        out_specs=(x_spec, P(x_spec[0], x_spec[1])), check_vma=False,
+    )
+    return fn(h_BTD, idx_BTk, s_BTk, wg, wu, wd)
+
+
+def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tuple[jax.Array, dict[str, Any]]:
+    """The MoE feed-forward of one layer; returns (output [B, T, D], router stats).
+
+    Stats: ``load`` [E], the fraction of this layer's token-expert assignments that went to each expert, and
+    ``kept`` (scalar), the fraction not dropped by a capacity limit (1 when dropless).
+    """
+    from scalerl_jax.models.llama import _dt
+
+    dt = _dt(cfg.dtype)
+    B, T, D = h_BTD.shape
+    E, k = cfg.n_experts, cfg.top_k
+    _, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], k)
+    wg, wu, wd = mp["w_gate"].astype(dt), mp["w_up"].astype(dt), mp["w_down"].astype(dt)
+    active = shd._ACTIVE[-1] if shd._ACTIVE else None
+    kept = jnp.float32(1.0)
+    if cfg.moe_impl == "dense":
+        routed = _dense_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
+    elif active is not None and active[0].shape.get("expert", 1) > 1:
+        routed, kept_BT = _expert_parallel(h_BTD, idx.reshape(B, T, k), s.reshape(B, T, k), wg, wu, wd, cfg,
+                                           *active)
+        kept = jnp.mean(kept_BT)
+    else:
+        routed = _ragged_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
+    shared = _mlp(h_BTD, mp["shared_gate"].astype(dt), mp["shared_up"].astype(dt), mp["shared_down"].astype(dt))
+    load = jnp.mean(jnp.sum(jax.nn.one_hot(idx, E, dtype=jnp.float32), axis=1), axis=0) / k
+    return shared + routed.astype(shared.dtype), {"load": load, "kept": kept}

@@ -6,6 +6,7 @@ machine the mesh is made of simulated devices, so the command sets
 
     python -m scalerl_jax.aot --preset llama3_8b --devices 16 --seq-len 16384
     python -m scalerl_jax.aot --preset llama3_8b --devices 16 32 64 --seq-len 16384   # table
+    python -m scalerl_jax.aot --preset scout_17b16e --devices 16 --seq-len 16384 --microbatches 2
 
 It prints per-device bytes from ``compiled.memory_analysis()`` next to the analytic split (params,
 optimiser state) and checks them against a GB200's 186 GB of HBM.
@@ -70,7 +71,7 @@ def aot_compile(
 ) -> dict:
     """Compile the RL train step abstractly and return a memory report (bytes per device).
 
-    The global batch is ``microbatches x (data*fsdp shards) x seqs_per_shard`` sequences of ``seq_len``
+    The global batch is ``microbatches x (data*fsdp*expert shards) x seqs_per_shard`` sequences of ``seq_len``
     tokens; gradient accumulation runs the micro-batches in a ``lax.scan`` so activation memory is that
     of one micro-batch.
     """
@@ -78,7 +79,7 @@ def aot_compile(
     loss_cfg = loss_cfg or LossConfig()
     train_cfg = train_cfg or TrainConfig(microbatches=microbatches)
     mesh = shd.abstract_mesh(mesh_cfg, n_devices)
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    dp = mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]  # the batch axes (ShardingRules.batch)
     global_batch = microbatches * dp * seqs_per_shard
     opt = make_optimizer(train_cfg)
     abstract_state, state_sh = state_shardings(model_cfg, opt, mesh)
@@ -130,19 +131,30 @@ def format_table(reports: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="llama3_8b", help="model preset (tiny, llama_100m, llama3_8b)")
+    ap.add_argument("--preset", default="llama3_8b",
+                    help="model preset (tiny, llama_100m, llama3_8b, tiny_moe, scout_17b16e)")
     ap.add_argument("--devices", type=int, nargs="+", default=[16], help="simulated device counts to compile for")
     ap.add_argument("--seq-len", type=int, default=16384, help="tokens per sequence (paper: 16,384)")
     ap.add_argument("--tensor", type=int, default=1, help="tensor-parallel axis size (the rest is fsdp)")
+    ap.add_argument("--expert", type=int, default=None,
+                    help="expert-parallel axis size (MoE presets; default: min(n_experts, devices))")
+    ap.add_argument("--capacity-factor", type=float, default=None,
+                    help="MoE all-to-all capacity factor (default: the preset's; None = dropless)")
     ap.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps in the compiled step")
     ap.add_argument("--seqs-per-shard", type=int, default=1, help="sequences per data shard per micro-batch")
     ap.add_argument("--json", help="also write the reports to this JSON file")
     args = ap.parse_args(argv)
     cfg = get_preset(args.preset)
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, args.seq_len))
+    if args.capacity_factor is not None:
+        cfg = dataclasses.replace(cfg, moe_capacity_factor=args.capacity_factor)
     reports = []
     for n in args.devices:
-        r = aot_compile(cfg, n, seq_len=args.seq_len, mesh_cfg=MeshConfig(fsdp=-1, tensor=args.tensor),
+        ep = 1
+        if cfg.arch == "llama4":
+            ep = args.expert or max(d for d in range(1, min(cfg.n_experts, n // args.tensor) + 1)
+                                    if cfg.n_experts % d == 0 and (n // args.tensor) % d == 0)
+        r = aot_compile(cfg, n, seq_len=args.seq_len, mesh_cfg=MeshConfig(fsdp=-1, tensor=args.tensor, expert=ep),
                         microbatches=args.microbatches, seqs_per_shard=args.seqs_per_shard)
         reports.append(r)
         print(f"[aot] {args.preset} on {n} devices: peak {r['peak_bytes'] / GiB:.2f} GiB/device, "

@@ -180,16 +180,27 @@ def _blocks(x, n: int, c: int, fill):
     return jnp.moveaxis(x.reshape(x.shape[0], n, c, *x.shape[2:]), 1, 0)
 
 
-def causal_mask(qpos_BT, kpos_BS, local: int = 0) -> jax.Array:
+_NO_CHUNK = 2**30  # a chunk size no position reaches: chunked attention switched off
+
+
+def _has_local(local) -> bool:
+    """Whether ``local`` may restrict attention: a traced value (a per-layer flag inside a layer scan) or a
+    positive int."""
+    return not isinstance(local, int) or local > 0
+
+
+def causal_mask(qpos_BT, kpos_BS, local=0) -> jax.Array:
     """[B, T, S] visibility: key s is visible to query t iff kpos <= qpos, and, with ``local`` > 0 (Llama-4
-    chunked attention), both positions fall in the same ``local``-sized chunk."""
+    chunked attention), both positions fall in the same ``local``-sized chunk. ``local`` may be a traced int32
+    scalar (0 = off for this layer)."""
     mask = kpos_BS[:, None, :] <= qpos_BT[:, :, None]
-    if local:
-        mask &= (kpos_BS[:, None, :] // local) == (qpos_BT[:, :, None] // local)
+    if _has_local(local):
+        c = jnp.where(jnp.asarray(local) > 0, jnp.asarray(local, jnp.int32), _NO_CHUNK)
+        mask &= (kpos_BS[:, None, :] // c) == (qpos_BT[:, :, None] // c)
     return mask
 
 
-def _flash_scores(qb, kb, qp, kp, scale, local: int = 0):
+def _flash_scores(qb, kb, qp, kp, scale, local=0):
     """Scaled scores [B, K, G, Cq, Ck] of one (query block, key block) pair and its causal mask."""
     s = jnp.einsum("bckgd,bskd->bkgcs", qb, kb, preferred_element_type=jnp.float32) * scale
     # The barrier ties the mask to this tile's scores: without it XLA hoists the (position-only, hence
@@ -199,7 +210,7 @@ def _flash_scores(qb, kb, qp, kp, scale, local: int = 0):
     return s, mask
 
 
-def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local=0):
+def _flash_fwd_blocks(q, k, v, qpos, kpos, local, cq, ck):
     """Online-softmax attention over (query block x key block) tiles: peak score memory is one
     [B, K, G, cq, ck] float32 tile. Returns blocked outputs [N, B, cq, K, G, Dh] and the row
     log-sum-exp [N, B, K, G, cq] (needed by the backward pass)."""
@@ -218,7 +229,7 @@ def _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local=0):
         def k_step(carry, xs):
             mx, l, acc = carry
             ki, vi, kpi = xs
-            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, local)
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, 0 if local is None else local)
             s = jnp.where(mask, s, _NEG)
             mx_new = jnp.maximum(mx, s.max(-1))
             p = jnp.where(mask, jnp.exp(s - mx_new[..., None]), 0.0)
@@ -243,20 +254,20 @@ def _unblock(x_NBC, T: int):
     return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :T]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(q, k, v, qpos, kpos, cq: int, ck: int, local: int = 0):
-    return _unblock(_flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local)[0], q.shape[1])
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _flash(q, k, v, qpos, kpos, local, cq: int, ck: int):
+    return _unblock(_flash_fwd_blocks(q, k, v, qpos, kpos, local, cq, ck)[0], q.shape[1])
 
 
-def _flash_fwd(q, k, v, qpos, kpos, cq, ck, local=0):
-    o_blocks, lse, blocks = _flash_fwd_blocks(q, k, v, qpos, kpos, cq, ck, local)
-    return _unblock(o_blocks, q.shape[1]), (o_blocks, lse, blocks, qpos, kpos)
+def _flash_fwd(q, k, v, qpos, kpos, local, cq, ck):
+    o_blocks, lse, blocks = _flash_fwd_blocks(q, k, v, qpos, kpos, local, cq, ck)
+    return _unblock(o_blocks, q.shape[1]), (o_blocks, lse, blocks, qpos, kpos, local)
 
 
-def _flash_bwd(cq, ck, local, res, do):
+def _flash_bwd(cq, ck, res, do):
     """Flash-attention backward: recompute each score tile from the saved log-sum-exp; dK and dV are
     accumulated in float32 over query blocks, dQ over key blocks."""
-    o_blocks, lse, (qb, qpb, kb, vb, kpb), qpos, kpos = res
+    o_blocks, lse, (qb, qpb, kb, vb, kpb), qpos, kpos, local = res
     T, S = qpos.shape[1], kpos.shape[1]
     n, B, _, K, G, Dh = qb.shape
     scale = 1.0 / math.sqrt(Dh)
@@ -268,7 +279,7 @@ def _flash_bwd(cq, ck, local, res, do):
 
         def k_step(dq, ys):
             ki, vi, kpi = ys
-            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, local)
+            s, mask = _flash_scores(qi, ki, qpi, kpi, scale, 0 if local is None else local)
             p = jnp.where(mask, jnp.exp(s - lsei[..., None]), 0.0)
             dv = jnp.einsum("bkgcs,bckgd->bskd", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
             dp = jnp.einsum("bckgd,bskd->bkgcs", doi, vi, preferred_element_type=jnp.float32)
@@ -283,13 +294,14 @@ def _flash_bwd(cq, ck, local, res, do):
     zeros = jnp.zeros(kb.shape, jnp.float32)
     (dk, dv), dq = jax.lax.scan(q_block, (zeros, zeros), (qb, qpb, dob, lse, delta))
     return (_unblock(dq, T), _unblock(dk, S).astype(kb.dtype), _unblock(dv, S).astype(vb.dtype),
-            np.zeros(qpos.shape, jax.dtypes.float0), np.zeros(kpos.shape, jax.dtypes.float0))
+            np.zeros(qpos.shape, jax.dtypes.float0), np.zeros(kpos.shape, jax.dtypes.float0),
+            None if local is None else np.zeros(np.shape(local), jax.dtypes.float0))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local: int = 0) -> jax.Array:
+def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0) -> jax.Array:
     """Causal GQA attention (key s visible to query t iff kpos <= qpos; with ``local`` > 0 also only within the
     same ``local``-position chunk, Llama 4's chunked attention), memory-bounded.
 
@@ -303,7 +315,8 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local: int =
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
     if T <= chunk and S <= chunk:
         return _attend(q, k_BSKD, v_BSKD, causal_mask(qpos_BT, kpos_BS, local)).reshape(B, T, H, Dh)
-    o = _flash(q, k_BSKD, v_BSKD, qpos_BT, kpos_BS, min(chunk, T), min(chunk, S), local)
+    loc = jnp.asarray(local, jnp.int32) if _has_local(local) else None
+    o = _flash(q, k_BSKD, v_BSKD, qpos_BT, kpos_BS, loc, min(chunk, T), min(chunk, S))
     return o.reshape(B, T, H, Dh)
 
 
@@ -367,6 +380,11 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
     inv_freq = rope_inv_freq(cfg)
 
     def body(x, lp):
+        if cfg.remat:
+            # In the backward pass each layer's saved input is sliced from the stacked [L, B, T, D] residuals and
+            # cast to float32 by the norm; without the barrier XLA hoists that cast out of the loop and holds an
+            # [L, B, T, D] float32 copy of every layer input (8 GB per device for the 8B preset at 16k tokens).
+            x = jax.lax.optimization_barrier(x)
         return _layer(x, lp, pos, cfg, inv_freq)[0], None
 
     if cfg.remat:

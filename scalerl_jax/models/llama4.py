@@ -14,9 +14,9 @@ Parameters: ``layers`` holds the attention half of every layer stacked on L (as 
 the SwiGLU weights of the dense layers stacked on their own count; ``moe`` the router, the routed experts
 [Lm, E, ...] and the shared expert of the MoE layers.
 
-The layer pattern repeats with a period ``P`` (e.g. 4 for Scout: three chunked RoPE layers, one global NoPE
-layer). Depth runs as a ``lax.scan`` over L / P blocks of P layers whose per-layer flags are static, so no
-layer computes a branch it does not use.
+Depth is a ``lax.scan``. When every layer is MoE (Scout) it scans the L layers with the RoPE / NoPE choice as a
+traced per-layer flag. With dense layers interleaved, the pattern repeats with a period ``P`` and the scan runs
+over L / P blocks of P layers whose flags are static.
 """
 
 from __future__ import annotations
@@ -117,13 +117,8 @@ def temperature_scale(pos_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
     return s[:, :, None, None]
 
 
-def _attn_block(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, rope: bool, kv=None):
-    """Attention half of one layer (pre-norm, residual added). ``kv``: optional cache to write and read."""
-    dt = _dt(cfg.dtype)
-    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
-    q = _proj(h, lp["wq"].astype(dt))
-    k = _proj(h, lp["wk"].astype(dt))
-    v = _proj(h, lp["wv"].astype(dt))
+def _position_qk(q, k, pos_BT, cfg: ModelConfig, inv_freq, rope: bool):
+    """RoPE layer: interleaved RoPE then QK norm; NoPE layer: temperature-tuned queries, keys untouched."""
     if rope:
         q = apply_rope_interleaved(q, pos_BT, inv_freq)
         k = apply_rope_interleaved(k, pos_BT, inv_freq)
@@ -131,8 +126,25 @@ def _attn_block(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, rope: bool, kv=No
             q, k = l2_norm(q, cfg.rms_eps), l2_norm(k, cfg.rms_eps)
     elif cfg.attn_temp_tuning:
         q = (q.astype(jnp.float32) * temperature_scale(pos_BT, cfg)).astype(q.dtype)
+    return q, k
+
+
+def _attn_block(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, rope: bool, kv=None):
+    """Attention half of one layer (pre-norm, residual added). ``kv``: optional cache to write and read."""
+    dt = _dt(cfg.dtype)
+    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
+    q = _proj(h, lp["wq"].astype(dt))
+    k = _proj(h, lp["wk"].astype(dt))
+    v = _proj(h, lp["wv"].astype(dt))
+    if isinstance(rope, bool):
+        q, k = _position_qk(q, k, pos_BT, cfg, inv_freq, rope)
+        local = cfg.local_attn_chunk if (rope and cfg.local_attn_chunk) else 0
+    else:  # a traced per-layer flag (one scan over every layer): both variants, selected
+        qr, kr = _position_qk(q, k, pos_BT, cfg, inv_freq, True)
+        qn, kn = _position_qk(q, k, pos_BT, cfg, inv_freq, False)
+        q, k = jnp.where(rope, qr, qn), jnp.where(rope, kr, kn)
+        local = jnp.where(rope, cfg.local_attn_chunk or 0, 0).astype(jnp.int32)
     q = constrain(q, ("batch", "seq", "q_heads", "head_dim"))
-    local = cfg.local_attn_chunk if (rope and cfg.local_attn_chunk) else 0
     if kv is None:
         o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local)
         new_kv = None
@@ -162,6 +174,9 @@ def _ffn_block(x_BTD, lp, fp, cfg: ModelConfig, is_moe: bool):
 
 
 def _layer(x, lp, fp, pos, kv, *, cfg: ModelConfig, inv_freq, rope: bool, is_moe: bool):
+    if cfg.remat and kv is None:
+        x = jax.lax.optimization_barrier(x)  # see scalerl_jax.models.llama.forward_hidden: keeps XLA from
+        #                                      hoisting an all-layers float32 copy of the saved inputs
     x, new_kv = _attn_block(x, lp, pos, cfg, inv_freq, rope, kv)
     x, stats = _ffn_block(x, lp, fp, cfg, is_moe)
     return x, new_kv, stats
@@ -171,8 +186,41 @@ def _blocked(tree, nb: int):
     return jax.tree.map(lambda a: a.reshape(nb, a.shape[0] // nb, *a.shape[1:]), tree)
 
 
+def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
+    """Every layer MoE (Scout): one scan over the L layers with the RoPE / NoPE choice as a traced per-layer
+    flag. Both attention variants are computed and selected (cheap next to the layer), but the parameters and
+    their gradients stay in the stacked [L, ...] layout: the blocked scan made XLA keep per-position gradient
+    stacks plus [L / P, P] and [L] copies of every expert weight's gradient (~3 x 24 GB per device for Scout)."""
+    inv_freq = rope_inv_freq(cfg)
+    ropes = [cfg.uses_rope(i) for i in range(cfg.n_layers)]
+    static_rope = ropes[0] if len(set(ropes)) == 1 else None
+
+    def layer(x, lp, fp, pos, kv, rope):
+        return _layer(x, lp, fp, pos, kv, cfg=cfg, inv_freq=inv_freq,
+                      rope=static_rope if static_rope is not None else rope, is_moe=True)
+
+    if cfg.remat and cache is None:
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    xs = {"layers": params["layers"], "moe": params["moe"], "rope": jnp.asarray(ropes)}
+    if cache is not None:
+        xs["cache"] = cache
+
+    def body(x, lx):
+        kv = None if cache is None else (lx["cache"]["k"], lx["cache"]["v"])
+        x, new_kv, stats = layer(x, lx["layers"], lx["moe"], pos, kv, lx["rope"])
+        ys = {"load": stats["load"], "kept": stats["kept"]}
+        if new_kv is not None:
+            ys["cache"] = {"k": new_kv[0], "v": new_kv[1]}
+        return x, ys
+
+    x, ys = jax.lax.scan(body, x, xs, unroll=not cfg.remat)
+    return x, {"load": ys["load"], "kept": ys["kept"]}, ys.get("cache")
+
+
 def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
     """Scan the L / P blocks. Returns (x, stacked router stats, new cache or None)."""
+    if cfg.moe_every == 1:
+        return _run_uniform(params, x, pos, cfg, cache)
     p = period(cfg)
     nb = cfg.n_layers // p
     kinds = [(cfg.uses_rope(j), cfg.is_moe_layer(j)) for j in range(p)]

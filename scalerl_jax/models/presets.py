@@ -55,7 +55,12 @@ def scout_17b16e() -> ModelConfig:
     """Llama-4-Scout-17B-16E text shapes (HF ``meta-llama/Llama-4-Scout-17B-16E`` text_config): 48 layers, all
     MoE (16 routed experts, top-1, + shared), d 5120, 40 / 8 heads of 128, expert FFN 8192, dense FFN 16384
     (unused: every layer is MoE), vocab 202048, every 4th layer NoPE, 8192-token chunked attention on the RoPE
-    layers, QK norm, temperature tuning, llama3 RoPE (factor 16). ~108B parameters, ~17B active per token."""
+    layers, QK norm, temperature tuning, llama3 RoPE (factor 16). ~108B parameters, ~17B active per token.
+
+    Expert parallelism uses a capacity factor of 2 (each shard sends at most twice its average per-destination
+    load to any expert shard; overflow is dropped and reported as ``router_dropped_frac``): the dropless
+    fixed-size all-to-all buffers (16x the tokens) do not fit 16 GB200s at 16k tokens (AOT: 179 GiB per device
+    against 131 GiB with the factor). Set ``moe_capacity_factor=None`` for dropless on more devices."""
     return ModelConfig(
         arch="llama4", vocab_size=202048, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, head_dim=128,
         ffn_dim=16384, n_experts=16, top_k=1, expert_ffn_dim=8192, moe_every=1, nope_every=4,
@@ -65,7 +70,7 @@ def scout_17b16e() -> ModelConfig:
                                  original_max_position_embeddings=8192),
         rms_eps=1e-5, tie_embeddings=False, max_seq_len=10485760, dtype="bfloat16", param_dtype="float32",
         head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=200000, eos_token_id=200001,
-        pad_token_id=200018,
+        pad_token_id=200018, moe_capacity_factor=2.0,
     )
 
 

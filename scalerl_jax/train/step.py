@@ -79,14 +79,17 @@ def make_train_step(
             ok = ok & aux.pop("update_ok").astype(jnp.bool_)
         if "n_tokens" in aux:  # nothing survived filtering: an update of zero gradients would still decay weights
             ok = ok & (aux["n_tokens"] > 0)
-        # zero non-finite grads so the (discarded) optimiser update cannot poison anything via NaN * 0
-        safe = jax.tree.map(lambda g: jnp.where(ok, g, jnp.zeros_like(g)), grads)
-        updates, new_opt = optimizer.update(safe, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
-        new_state = TrainState(
-            state.step + ok.astype(jnp.int32), keep(new_params, state.params), keep(new_opt, state.opt_state)
-        )
+        # A skipped step returns the state untouched. lax.cond rather than where(ok, new, old) over every leaf:
+        # the select kept the old and the new parameters and moments alive at once and forced extra
+        # gradient-sized copies (for the 109B MoE preset each copy is ~25 GB per device).
+        def apply(operand):
+            params, opt_state, g = operand
+            updates, new_opt = optimizer.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        new_params, new_opt = jax.lax.cond(ok, apply, lambda operand: operand[:2],
+                                           (state.params, state.opt_state, grads))
+        new_state = TrainState(state.step + ok.astype(jnp.int32), new_params, new_opt)
         metrics = {"loss": loss, "grad_norm": gnorm, "skipped": 1 - ok.astype(jnp.int32), **aux}
         return new_state, metrics
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -11,7 +12,7 @@ import jax
 import numpy as np
 
 from scalerl_jax.config import ModelConfig, TrainConfig
-from scalerl_jax.data.tasks import Problem
+from scalerl_jax.data.tasks import THINK_MARKER, Problem
 from scalerl_jax.models.llama import init_params
 from scalerl_jax.train.losses import cross_entropy_loss
 from scalerl_jax.train.optim import make_optimizer
@@ -36,9 +37,20 @@ def sft_arrays(problems: Sequence[Problem], encode: Callable[[str], list[int]], 
 
 def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, eos_id: int, pad_id: int,
                seq_len: int, steps: int, batch_size: int, lr: float, warmup: int, seed: int,
-               log: Callable[[str], None] = print, log_path: str | Path | None = None, params=None):
-    """Train from scratch (or from ``params``) for ``steps`` AdamW steps with warm-up + cosine. Returns params."""
+               log: Callable[[str], None] = print, log_path: str | Path | None = None, params=None,
+               direct_frac: float = 0.0):
+    """Train from scratch (or from ``params``) for ``steps`` AdamW steps with warm-up + cosine. Returns params.
+
+    ``direct_frac``: the fraction of examples whose target skips the scratchpad and answers at once
+    (``#Y``), so the warm-started policy sometimes reasons and sometimes guesses -- the behaviour choice RL
+    then has to learn (see DESIGN.md, the tiny default).
+    """
+    if not 0.0 <= direct_frac <= 1.0:
+        raise ValueError(f"warm_start: direct_frac must be in [0, 1], got {direct_frac}")
     tokens, mask = sft_arrays(problems, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
+    if direct_frac > 0:
+        direct = [dataclasses.replace(p, solution=THINK_MARKER + p.answer) for p in problems]
+        d_tokens, d_mask = sft_arrays(direct, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
     tcfg = TrainConfig(lr=lr, warmup_steps=warmup, schedule="cosine", steps=steps, adam_eps=1e-8,
                        weight_decay=0.01, grad_clip=1.0)
     opt = make_optimizer(tcfg)
@@ -50,7 +62,11 @@ def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, e
     t0 = time.perf_counter()
     for s in range(steps):
         idx = rng.integers(0, len(problems), batch_size)
-        state, m = step(state, {"tokens": tokens[idx], "loss_mask": mask[idx]})
+        tb, mb = tokens[idx], mask[idx]
+        if direct_frac > 0:
+            use = rng.random(batch_size) < direct_frac
+            tb, mb = np.where(use[:, None], d_tokens[idx], tb), np.where(use[:, None], d_mask[idx], mb)
+        state, m = step(state, {"tokens": tb, "loss_mask": mb})
         if (s + 1) % 50 == 0 or s == steps - 1:
             loss = float(m["loss"])
             el = time.perf_counter() - t0

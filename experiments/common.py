@@ -31,6 +31,7 @@ class ExperimentPlan:
     base_model: str | None = None  # HF checkpoint dir of the starting policy
     n_trainer_devices: int = 1
     variant: str = "scalerl"
+    model_preset: str = "llama3_8b"  # scalerl_jax.models.presets name the dry run AOT-compiles
 
 
 # ---- command-line overrides onto dataclass fields ----------------------------------------------------------
@@ -265,13 +266,15 @@ def dry_run(plan: ExperimentPlan) -> int:
         print(f"[dry-run] error: prompt + thinking + answer budget = {total} > seq_len {plan.seq_len}")
         return 2
     n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
-    dp = plan.n_trainer_devices // max(exp.mesh.tensor, 1)
+    dp = plan.n_trainer_devices // max(exp.mesh.tensor, 1)  # batch axes: data x fsdp x expert
     if n_rows % (exp.train.microbatches * dp):
         print(f"[dry-run] error: {n_rows} rows do not split into {exp.train.microbatches} micro-batches x {dp} shards")
         return 2
-    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", "llama3_8b", "--devices",
+    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", plan.model_preset, "--devices",
            str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len), "--tensor", str(exp.mesh.tensor),
            "--microbatches", str(exp.train.microbatches),
            "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp))]
+    if exp.model.arch == "llama4":
+        cmd += ["--expert", str(exp.mesh.expert)]
     print("[dry-run] " + " ".join(cmd[1:]), flush=True)
     return subprocess.call(cmd, env=dict(os.environ))

@@ -37,21 +37,24 @@ from experiments.common import (
 from experiments.presets import PRESETS, VARIANTS, build_plan
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.math_8b", description=__doc__,
+def main(argv: list[str] | None = None, *, presets: dict | None = None, real_preset: str = "8b",
+         cpu_preset: str = "tiny", prog: str = "python -m experiments.math_8b", doc: str | None = None) -> int:
+    presets = PRESETS if presets is None else presets
+    ap = argparse.ArgumentParser(prog=prog, description=doc or __doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                    help="tiny (CPU default), smoke (CI-sized tiny), 8b (real; the default when accelerators are "
-                         "present), or a baseline recipe: deepseek_grpo, qwen25_dapo, magistral, minimax")
+    ap.add_argument("--preset", default=None, choices=sorted(presets),
+                    help=f"{cpu_preset} (CPU default), a CI-sized smoke preset, or {real_preset} (real; the default "
+                         "when accelerators are present); for another paper recipe use --variant")
     ap.add_argument("--variant", default="scalerl", choices=sorted(VARIANTS),
-                    help="leave-one-out variant of ScaleRL (one component swapped for its alternative)")
+                    help="leave-one-out variant of ScaleRL (one component swapped for its alternative) or a "
+                         "baseline recipe: deepseek_grpo, qwen25_dapo, magistral, minimax")
     ap.add_argument("--out", default=None, help="run directory (default runs/<preset>[_<variant>]_s<seed>)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="RL steps (overrides the preset)")
     ap.add_argument("--resume", action="store_true", help="continue from the run directory's latest valid checkpoint")
     ap.add_argument("--dry-run", action="store_true", help="validate the configuration and AOT-compile the train "
                     "step on an abstract mesh (no accelerator, no weights), printing per-device memory")
-    ap.add_argument("--model", default=None, help="HF LlamaForCausalLM checkpoint dir of the base model (8b)")
+    ap.add_argument("--model", default=None, help="HF checkpoint dir of the base model (real presets; LlamaForCausalLM or Llama4ForCausalLM)")
     ap.add_argument("--data", default=None, help="jsonl (question/answer) training data (8b: Polaris format)")
     ap.add_argument("--sglang-urls", nargs="*", default=None, help="SGLang generator URLs (or one sglang-router URL)")
     ap.add_argument("--no-fit", action="store_true", help="skip the scaling fit and report at the end")
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if preset is None:
         import jax
 
-        preset = "8b" if any(d.platform != "cpu" for d in jax.devices()) else "tiny"
+        preset = real_preset if any(d.platform != "cpu" for d in jax.devices()) else cpu_preset
     plan: ExperimentPlan = build_plan(preset, args.variant, seed=args.seed)
     exp = plan.exp
     if args.steps is not None:
@@ -86,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return dry_run(plan)
     if plan.real and not any(d.platform != "cpu" for d in __import__("jax").devices()):
-        print(f"[math_8b] preset {preset!r} is the real {plan.exp.model.n_layers}-layer recipe and needs "
-              "accelerators; none are present. Run `python -m experiments.math_8b --preset tiny` on CPU, or "
+        print(f"[{prog.split('.')[-1]}] preset {preset!r} is the real {plan.exp.model.n_layers}-layer recipe and "
+              f"needs accelerators; none are present. Run `{prog} --preset {cpu_preset}` on CPU, or "
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
         return 2
     t0 = time.time()

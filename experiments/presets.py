@@ -21,7 +21,7 @@ from scalerl_jax.config import (
     dapo_loss,
     grpo_loss,
 )
-from scalerl_jax.models.presets import llama3_8b, tiny
+from scalerl_jax.models.presets import llama3_8b, scout_17b16e, tiny, tiny_moe
 
 R = dataclasses.replace
 
@@ -74,7 +74,30 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     return ExperimentPlan(exp=exp, real=True, warm_steps=0, seq_len=16384, n_trainer_devices=16)
 
 
+def tiny_moe_plan(seed: int = 0) -> ExperimentPlan:
+    """The tiny default with the Llama-4 MoE model (``tiny_moe``): same task, recipe and budgets."""
+    p = tiny_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_tiny_moe", model=tiny_moe(), out_dir="runs/tiny_moe"),
+             model_preset="tiny_moe")
+
+
+def smoke_moe_plan(seed: int = 0) -> ExperimentPlan:
+    """CI-sized tiny MoE run."""
+    p = smoke_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_smoke_moe", model=tiny_moe()), model_preset="tiny_moe")
+
+
+def scout_plan(seed: int = 0) -> ExperimentPlan:
+    """RECIPE.md's recipe on Llama-4-Scout-17B-16E (section 5's MoE): the 8B preset's hyper-parameters, 16 trainer
+    devices with the expert axis over all 16 (experts expert-parallel, everything else FSDP over the same axis)."""
+    p = real_8b_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_scout", model=scout_17b16e(), mesh=MeshConfig(data=1, fsdp=1, expert=16),
+                      out_dir="runs/scout"), model_preset="scout_17b16e")
+
+
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "8b": real_8b_plan}
+MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,
+                                                           "scout": scout_plan}
 
 
 def _loss(**kw) -> Callable[[ExperimentPlan], ExperimentPlan]:
@@ -126,9 +149,10 @@ LOO_VARIANTS = ("ppo_off_policy", "dapo", "gspo", "bf16_head", "sample_agg", "to
 
 
 def build_plan(preset: str, variant: str = "scalerl", seed: int = 0) -> ExperimentPlan:
-    if preset not in PRESETS:
-        raise KeyError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    table = {**PRESETS, **MOE_PRESETS}
+    if preset not in table:
+        raise KeyError(f"unknown preset {preset!r}; choose one of {sorted(table)}")
     if variant not in VARIANTS:
         raise KeyError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
-    plan = VARIANTS[variant](PRESETS[preset](seed))
+    plan = VARIANTS[variant](table[preset](seed))
     return R(plan, exp=R(plan.exp, name=f"{plan.exp.name}_{variant}"), variant=variant)

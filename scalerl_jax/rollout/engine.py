@@ -97,6 +97,10 @@ def _decode_forward(params: Params, tok_B: jax.Array, pos_B: jax.Array, cache, c
     laid out [L, B, K, S, Dh] (attention is then a plain batched matmul over (B, K)), it travels in the
     layer-scan carry so the new K/V is scattered in place, and RoPE angles are computed once per step.
     """
+    if cfg.arch != "llama":  # the generic path (Llama-4 MoE): forward_cached with T = 1 in its own cache layout
+        c = {n: jnp.swapaxes(cache[n], 2, 3) for n in ("k", "v")}
+        h, c = forward_cached(params, tok_B[:, None], pos_B[:, None], c, cfg)
+        return h[:, 0], {n: jnp.swapaxes(c[n], 2, 3) for n in ("k", "v")}
     dt = _dt(cfg.dtype)
     B = tok_B.shape[0]
     S = cache["k"].shape[3]

@@ -5,9 +5,10 @@ prompt iterator, asks the generator for G samples each, scores them and returns 
 
 Pipeline mode (RECIPE.md section 3): a background thread produces batches back to back into a queue. The
 trainer takes batch ``i`` as its step ``i`` and, after every update, pushes the new weights to the generator
-in flight. Throttling: the producer does not start batch ``i`` while ``i - weight_version > k``, so every token
-of batch ``i`` comes from a policy at most ``k`` versions older than the one being updated at step ``i``; the
-trainer re-checks the per-token versions and drops (and counts) any batch that is staler anyway.
+in flight. Throttling: the producer does not start batch ``i`` while ``i - n - weight_version > k`` (``n`` the
+batches consumed without an update, e.g. entirely zero-variance filtered), so every token of batch ``i`` comes from
+a policy at most ``k`` versions older than the one it is trained on; the trainer re-checks the per-token versions
+and drops (and counts) any batch that is staler anyway.
 
 PPO-off-policy mode: the trainer calls :meth:`RolloutProducer.produce` k times with the current weights,
 then makes k updates; generation waits meanwhile.
@@ -112,7 +113,16 @@ class PipelineRunner:
         self._error: BaseException | None = None
         self.busy_s = 0.0
         self.throttled_s = 0.0
+        self._no_update = 0  # consumed batches that made no update (all filtered, skipped or dropped)
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    def consumed_without_update(self) -> None:
+        """The trainer took a batch but made no update, so the version it is waiting on will come one batch later.
+
+        A batch trained at version V holds tokens of versions >= w where w is the generator's version when it
+        started; updates only happen on consumed batches, so V <= i - (batches consumed without update) and the
+        throttle ``i - no_update - w <= k`` keeps the staleness bound while letting generation continue."""
+        self._no_update += 1
 
     def start(self) -> PipelineRunner:
         self._thread.start()
@@ -123,7 +133,8 @@ class PipelineRunner:
             while not self._stop.is_set():
                 i = self._next
                 t0 = time.perf_counter()
-                while i - self.producer.generator.weight_version > self.k and not self._stop.is_set():
+                while (i - self._no_update - self.producer.generator.weight_version > self.k
+                       and not self._stop.is_set()):
                     time.sleep(0.002)
                 self.throttled_s += time.perf_counter() - t0
                 if self._stop.is_set():

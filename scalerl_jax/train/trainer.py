@@ -176,7 +176,21 @@ class RLTrainer:
 
     # ---- one update ----
 
-    def _train_on(self, rb: RolloutBatch, t_clock: Callable[[], None], push: bool = True) -> None:
+    MAX_BATCHES_WITHOUT_UPDATE = 64
+
+    def _train_on(self, rb: RolloutBatch, t_clock: Callable[[], None], push: bool = True) -> bool:
+        """Train on one rollout batch; returns whether the parameters were updated. Raises after
+        ``MAX_BATCHES_WITHOUT_UPDATE`` consecutive batches without an update (the run could never finish)."""
+        updated = self._train_on_batch(rb, t_clock, push)
+        self._idle_batches = 0 if updated else getattr(self, "_idle_batches", 0) + 1
+        if self._idle_batches >= self.MAX_BATCHES_WITHOUT_UPDATE:
+            raise RuntimeError(
+                f"{self._idle_batches} consecutive rollout batches made no update (every group zero-variance "
+                f"filtered, non-finite or stale; see the error rows in {self.run_dir / 'metrics.jsonl'}): the policy solves none "
+                "or all of its prompts. Check the base model / warm start and the data.")
+        return updated
+
+    def _train_on_batch(self, rb: RolloutBatch, t_clock: Callable[[], None], push: bool = True) -> bool:
         step = int(self.state.step)
         for p, r in zip(rb.problems, rb.rewards):
             self.curriculum.update(p.prompt_id, int((r > 0).sum()), len(r))
@@ -188,7 +202,7 @@ class RLTrainer:
             self.counters.dropped_stale_batches += 1
             self.metrics.write({"kind": "error", "step": step, "reason": f"batch staleness {staleness} > k; dropped",
                                 **self._compute_row()})
-            return
+            return False
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
                                          microbatches=self.tcfg.microbatches)
@@ -202,12 +216,12 @@ class RLTrainer:
             self.counters.skipped_steps += 1
             self.metrics.write({"kind": "error", **base, "reason": "non-finite rewards or log-probs; update skipped",
                                 **self._compute_row()})
-            return
+            return False
         if stats.n_tokens == 0:
             self.counters.empty_batches += 1
             self.metrics.write({"kind": "error", **base, "reason": "every group was filtered (zero variance); "
                                 "no update", **self._compute_row()})
-            return
+            return False
         if self.on_batch is not None:
             self.on_batch(step, rb, batch, stats)
         t0 = time.perf_counter()
@@ -221,7 +235,7 @@ class RLTrainer:
             self.counters.skipped_steps += 1
             self.metrics.write({"kind": "error", **base, "reason": "non-finite loss or gradient; update skipped",
                                 **self._compute_row()})
-            return
+            return False
         self.version = int(self.state.step)
         if push:
             self._push_weights()
@@ -230,6 +244,7 @@ class RLTrainer:
                "batch_staleness": staleness, "step_seconds": dt, **self._compute_row()}
         self.metrics.write(row)
         self.last_train = row
+        return True
 
     # ---- the run ----
 
@@ -258,7 +273,8 @@ class RLTrainer:
             while int(self.state.step) < total:
                 before = int(self.state.step)
                 if self.rcfg.mode == "pipeline":
-                    self._train_on(runner.get(), t_clock)
+                    if not self._train_on(runner.get(), t_clock):
+                        runner.consumed_without_update()  # else the throttle would wait for a version forever
                 else:
                     self._ppo_round(t_clock)
                 t_clock()

@@ -355,3 +355,55 @@ def test_nan_input_skips_the_step_bit_for_bit(tmp_path, monkeypatch, where):
     assert not all(np.array_equal(init[k_], before[k_]) for k_ in init), "the first update changed nothing"
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3]
     assert summary["skipped_steps"] == 1
+
+
+# ---- batches that make no update -------------------------------------------------------------------------------
+
+
+def test_pipeline_continues_past_batches_without_update(tmp_path):
+    """The first 2k+2 training batches score -1 everywhere (every group zero-variance filtered: consumed, no update).
+    The producer's throttle must not wait for versions that those batches never create (it deadlocked once), and
+    every trained token still respects the staleness bound."""
+    k, steps = 2, 6
+    n_dead = 2 * k + 2
+    calls = {"train": 0}
+    seen = []
+    data = make_data(seed=0)
+    train_ids = {p.prompt_id for p in data.train}
+
+    def score(texts, problems):
+        r, counts = even_first_token_score(texts, problems)
+        if problems and problems[0].prompt_id in train_ids:
+            calls["train"] += 1
+            if calls["train"] <= n_dead:
+                r = -np.ones_like(r)
+        return r, counts
+
+    def on_batch(step, rb, batch, stats):
+        seen.append((step, token_versions(rb)))
+
+    exp = make_exp(mode="pipeline", k=k, steps=steps, npr=False)
+    trainer, _engine = build_trainer(tmp_path, exp, data=data, score=score, on_batch=on_batch)
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("summary", trainer.run()), daemon=True)
+    t.start()
+    t.join(timeout=240)
+    trainer.close()
+    assert not t.is_alive(), "the pipeline deadlocked after batches that made no update"
+    assert done["summary"]["steps"] == steps and done["summary"]["empty_batches"] >= n_dead
+    assert [s for s, _ in seen] == list(range(steps))
+    assert all(step - v.min() <= k for step, v in seen)
+
+
+def test_a_run_that_can_never_update_stops_with_a_clear_error(tmp_path, monkeypatch):
+    from scalerl_jax.train.trainer import RLTrainer
+
+    monkeypatch.setattr(RLTrainer, "MAX_BATCHES_WITHOUT_UPDATE", 5)
+    exp = make_exp(mode="pipeline", k=1, steps=4, npr=False)
+    trainer, _engine = build_trainer(tmp_path, exp, score=lambda texts, problems: (
+        -np.ones(len(texts), np.float32), {"timeouts": 0, "no_answer": 0}))
+    try:
+        with pytest.raises(RuntimeError, match="5 consecutive rollout batches made no update"):
+            trainer.run()
+    finally:
+        trainer.close()

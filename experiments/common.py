@@ -27,6 +27,7 @@ class ExperimentPlan:
     warm_batch: int = 128
     warm_lr: float = 3e-3
     warm_warmup: int = 50
+    warm_unmarked_frac: float = 0.0  # warm-start targets that never mark a final answer (see tiny_plan)
     seq_len: int = 40  # tokens per training row (prompt + completion)
     base_model: str | None = None  # HF checkpoint dir of the starting policy
     n_trainer_devices: int = 1
@@ -164,7 +165,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
         params = warm_start(mcfg, data.train, encode=tok.encode, eos_id=tok.eos_id, pad_id=tok.pad_id,
                             seq_len=plan.seq_len, steps=plan.warm_steps, batch_size=plan.warm_batch, lr=plan.warm_lr,
                             warmup=plan.warm_warmup, seed=exp.train.seed, log=log,
-                            log_path=run_dir / "warmstart.jsonl")
+                            log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)
         save_hf_checkpoint(params, mcfg, ws_dir)  # a real HF checkpoint: the RL run's base model
         ws_seconds = time.time() - t0
     trainer = build_trainer(plan, params, data, resume=resume, log=log)
@@ -203,7 +204,10 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
              f"{exp.rollout.prompts_per_batch} prompts x {exp.rollout.group_size} samples, LM head "
              f"{exp.model.head_dtype}, NPR {exp.data.npr}, length control {exp.rollout.length.kind}.", "",
              "## What happened", "",
-             f"- Warm start: {plan.warm_steps} supervised steps ({summary.get('warmstart_seconds', 0):.0f}s).",
+             f"- Warm start: {plan.warm_steps} supervised steps ({summary.get('warmstart_seconds', 0):.0f}s)"
+             + (f"; {plan.warm_unmarked_frac:.0%} of its targets work the scratchpad but never mark an answer "
+                "(`#Y`), so the warm-started policy often computes the answer without committing to it: what RL "
+                "has to learn." if plan.warm_unmarked_frac else "."),
              f"- RL: {summary['steps']} steps in {summary['wall_seconds']:.0f}s wall; compute "
              f"{summary['device_hours']:.4f} device-hours; {summary['gen_tokens']} generated tokens.",
              f"- Trainer busy {summary['trainer_busy_fraction']:.0%}, generator busy "

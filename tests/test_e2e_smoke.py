@@ -104,3 +104,16 @@ def test_real_preset_without_accelerators_names_tiny():
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "8b"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "--preset tiny" in r.stderr
+
+
+def test_dry_run_of_the_scout_preset():
+    r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout", "--dry-run"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "| fits |" in r.stdout and "expert16" in r.stdout and "768x16384" in r.stdout
+
+
+def test_scout_preset_without_accelerators_names_tiny_moe():
+    r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--preset tiny_moe" in r.stderr

@@ -112,3 +112,21 @@ def test_every_variant_runs_a_few_steps(tmp_path):
 def test_loss_config_rejects_unknown_kind():
     with pytest.raises(ConfigError):
         LossConfig(kind="ppo")
+
+
+@pytest.mark.parametrize("preset", ["tiny_moe", "smoke_moe", "scout"])
+def test_moe_presets_are_the_recipe_on_the_moe_model(preset):
+    from experiments.presets import MOE_PRESETS
+
+    plan = build_plan(preset, "scalerl", seed=1)
+    dense = build_plan({"tiny_moe": "tiny", "smoke_moe": "smoke", "scout": "8b"}[preset], "scalerl", seed=1)
+    assert preset in MOE_PRESETS and plan.exp.model.arch == "llama4"
+    # same recipe, only the model (and, for Scout, the expert-parallel mesh) differs
+    for f in ("loss", "rollout", "data", "train"):
+        assert getattr(plan.exp, f) == getattr(dense.exp, f), f
+    if preset == "scout":
+        m = plan.exp.model
+        assert (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.n_experts, m.top_k, m.expert_ffn_dim,
+                m.vocab_size) == (48, 5120, 40, 8, 16, 1, 8192, 202048)
+        assert plan.exp.mesh.expert == 16 and plan.n_trainer_devices == 16 and plan.real
+        assert 16.5e9 < m.num_active_params() < 17.5e9 and 1.05e11 < m.num_params() < 1.1e11

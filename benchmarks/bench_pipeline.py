@@ -5,9 +5,9 @@ the same number of steps. Printed per mode: trainer and generator busy fractions
 compute (device-seconds, eval excluded) and wall time at which validation reward first reaches a fixed target,
 best/final validation reward, and the blocking part of a checkpoint save against the mean train-step time.
 
-    .venv/bin/python -m benchmarks.bench_pipeline [--steps 32] [--k 8] [--target-gain 0.03]
+    .venv/bin/python -m benchmarks.bench_pipeline [--steps 64] [--k 8] [--target-gain 0.15]
 
-The warm start is computed once (smoke preset, ~450 steps) and kept in --warmstart (default
+The warm start is computed once (smoke preset, 512 steps) and kept in --warmstart (default
 /tmp/scalerl_bench_warmstart).
 """
 
@@ -24,11 +24,11 @@ import numpy as np
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--eval-every", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=8)
-    ap.add_argument("--target-gain", type=float, default=0.03, help="target = step-0 val reward + this")
+    ap.add_argument("--target-gain", type=float, default=0.15, help="target = step-0 val reward + this")
     ap.add_argument("--warmstart", default="/tmp/scalerl_bench_warmstart")
     ap.add_argument("--out", default="/tmp/scalerl_bench_pipeline")
     a = ap.parse_args()
@@ -56,7 +56,7 @@ def main() -> None:
         t0 = time.time()
         params = warm_start(exp.model, data.train, encode=tok.encode, eos_id=tok.eos_id, pad_id=tok.pad_id,
                             seq_len=base.seq_len, steps=base.warm_steps, batch_size=base.warm_batch, lr=base.warm_lr,
-                            warmup=base.warm_warmup, seed=0)
+                            warmup=base.warm_warmup, seed=0, unmarked_frac=base.warm_unmarked_frac)
         save_hf_checkpoint(params, exp.model, ws)
         print(f"[bench] warm start computed in {time.time() - t0:.0f}s, cached in {ws}")
     params = jax.tree.map(np.asarray, params)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The tiny recipe does not yet raise validation reward reliably (see the issue notes); what this guards is that
-# RL through the whole pipeline does not collapse the warm-started policy (lr 3e-4 did: 0.22 -> 0.00 in 48 steps).
-MAX_DROP = 0.10
+# Validation gain of the 48-step smoke run over its warm start, measured over seeds 0, 1, 2 (see MIN_GAIN_MEASURED);
+# the margin leaves room for seed-to-seed spread and eval noise (96 prompts x 4 samples: sd ~0.025).
+MIN_GAIN = 0.08
 
 
 def _run(args, timeout=1500):
@@ -42,7 +42,9 @@ def test_smoke_run_produces_everything(smoke_run):
         assert 0.0 <= r["val_reward"] <= 1.0
     hours = [r["device_hours"] for r in evals]
     assert hours == sorted(hours) and hours[-1] > 0
-    assert evals[-1]["val_reward"] >= evals[0]["val_reward"] - MAX_DROP, [r["val_reward"] for r in evals]
+    # the best of the last three evals (the curve is noisy at 96 prompts) against the warm start
+    gain = max(r["val_reward"] for r in evals[-3:]) - evals[0]["val_reward"]
+    assert gain >= MIN_GAIN, [r["val_reward"] for r in evals]
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
     assert max(r["staleness_max"] for r in train) <= 8  # PipelineRL-8
     assert any(r["staleness_max"] > 0 for r in train)  # and the staleness is real, not hidden
@@ -117,3 +119,27 @@ def test_scout_preset_without_accelerators_names_tiny_moe():
     r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--preset tiny_moe" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def smoke_moe_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke_moe")
+    r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "smoke_moe", "--out", str(out),
+                        "--no-fit"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return out
+
+
+def test_tiny_moe_rl_improves_validation_reward(smoke_moe_run):
+    """The Llama-4-style MoE through the same RL path (embedded engine decode, router in the train step, HF
+    checkpoint of the warm start), with its router statistics in every train row."""
+    rows = _rows(smoke_moe_run)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    train = [r for r in rows if r["kind"] == "train"]
+    gain = max(r["val_reward"] for r in evals[-3:]) - evals[0]["val_reward"]
+    assert gain >= MIN_GAIN, [r["val_reward"] for r in evals]
+    for r in train:
+        loads = [r[f"router_load_e{e}"] for e in range(4)]
+        assert abs(sum(loads) - 1.0) < 1e-4 and r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
+    cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
+    assert cfg["architectures"] == ["Llama4ForCausalLM"] and cfg["num_local_experts"] == 4

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     ap.add_argument("--resume", action="store_true", help="continue from the run directory's latest valid checkpoint")
     ap.add_argument("--dry-run", action="store_true", help="validate the configuration and AOT-compile the train "
                     "step on an abstract mesh (no accelerator, no weights), printing per-device memory")
-    ap.add_argument("--model", default=None, help="HF checkpoint dir of the base model (real presets; LlamaForCausalLM or Llama4ForCausalLM)")
+    ap.add_argument("--model", default=None,
+                    help="HF checkpoint dir of the base model (real presets; LlamaForCausalLM or Llama4ForCausalLM)")
     ap.add_argument("--data", default=None, help="jsonl (question/answer) training data (8b: Polaris format)")
     ap.add_argument("--sglang-urls", nargs="*", default=None, help="SGLang generator URLs (or one sglang-router URL)")
     ap.add_argument("--no-fit", action="store_true", help="skip the scaling fit and report at the end")

@@ -105,7 +105,8 @@ class ModelConfig:
                    f"ModelConfig.moe_impl must be 'ragged' or 'dense', got {self.moe_impl!r}")
             _check(self.moe_capacity_factor is None or self.moe_capacity_factor > 0,
                    f"ModelConfig.moe_capacity_factor must be None or > 0, got {self.moe_capacity_factor}")
-            _check(self.attn_floor_scale >= 1, f"ModelConfig.attn_floor_scale must be >= 1, got {self.attn_floor_scale}")
+            _check(self.attn_floor_scale >= 1,
+                   f"ModelConfig.attn_floor_scale must be >= 1, got {self.attn_floor_scale}")
 
     # ---- Llama-4 layer pattern ----
     def is_moe_layer(self, i: int) -> bool:

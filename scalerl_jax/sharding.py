@@ -2,7 +2,8 @@
 
 Every parameter and the main activations carry logical axis names (see
 ``scalerl_jax.models.llama.PARAM_AXES``). A :class:`ShardingRules` table maps each logical name to
-zero, one or several mesh axes (``data``, ``fsdp``, ``tensor``, ``expert``). A dimension whose size does not divide by its mesh axes is replicated instead, so one rules
+zero, one or several mesh axes (``data``, ``fsdp``, ``tensor``, ``expert``). A dimension whose size does not
+divide by its mesh axes is replicated instead, so one rules
 table serves the tiny model and the 8B preset.
 """
 

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from scalerl_jax import sharding as shd  # noqa: E402
 from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig  # noqa: E402
 from scalerl_jax.models import forward, init_params  # noqa: E402
-from scalerl_jax.models.moe import moe_ffn, route  # noqa: E402
+from scalerl_jax.models.moe import MOE_AXES, moe_ffn, route  # noqa: E402
 from scalerl_jax.models.presets import tiny_moe  # noqa: E402
 from scalerl_jax.train import init_train_state, jit_train_step, make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import rl_loss  # noqa: E402
@@ -76,14 +76,14 @@ loss_fn = rl_loss(cfg, LossConfig(), logp_chunk=8)
 for shape in [dict(expert=8), dict(fsdp=2, expert=4), dict(data=2, expert=4), dict(tensor=2, expert=4),
               dict(fsdp=2, tensor=2, expert=2)]:
     mesh = shd.make_mesh(MeshConfig(**{"fsdp": 1, **shape}))
-    w_sh = jax.tree.map(lambda a, ax: jax.sharding.NamedSharding(mesh, shd.logical_to_spec(ax[1:], a.shape, mesh)),
-                        mp, {k: v for k, v in __import__("scalerl_jax.models.moe", fromlist=["MOE_AXES"]).MOE_AXES.items()})
+    w_sh = {k: jax.sharding.NamedSharding(mesh, shd.logical_to_spec(MOE_AXES[k][1:], a.shape, mesh))
+            for k, a in mp.items()}
     x_sh = jax.sharding.NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
     with shd.use_mesh(mesh):
         f = jax.jit(jax.value_and_grad(layer_loss(cfg), argnums=(0, 1), has_aux=True), in_shardings=(x_sh, w_sh))
         hlo = f.lower(h, mp).compile().as_text()
         jaxpr = str(jax.make_jaxpr(f)(h, mp))
-        (l, (y, stats)), g = f(jax.device_put(h, x_sh), jax.device_put(mp, w_sh))
+        (_, (y, stats)), g = f(jax.device_put(h, x_sh), jax.device_put(mp, w_sh))
     _, st_sh = state_shardings(cfg, opt, mesh)
     state = jax.device_put(init_train_state(params, opt), st_sh)
     b_sh = shd.batch_shardings(batch, mesh)

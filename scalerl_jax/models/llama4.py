@@ -32,6 +32,8 @@ from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import moe as moe_lib
 from scalerl_jax.models.llama import (
     PARAM_AXES as DENSE_AXES,
+)
+from scalerl_jax.models.llama import (
     Params,
     _dt,
     _embed,

@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from scalerl_jax.config import ConfigError, ModelConfig
 from scalerl_jax import sharding as shd
+from scalerl_jax.config import ConfigError, ModelConfig
 
 MOE_AXES: dict[str, tuple] = {
     "router": ("layers", "embed", None),

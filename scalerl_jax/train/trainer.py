@@ -186,8 +186,8 @@ class RLTrainer:
         if self._idle_batches >= self.MAX_BATCHES_WITHOUT_UPDATE:
             raise RuntimeError(
                 f"{self._idle_batches} consecutive rollout batches made no update (every group zero-variance "
-                f"filtered, non-finite or stale; see the error rows in {self.run_dir / 'metrics.jsonl'}): the policy solves none "
-                "or all of its prompts. Check the base model / warm start and the data.")
+                f"filtered, non-finite or stale; see the error rows in {self.run_dir / 'metrics.jsonl'}): the policy "
+                "solves none or all of its prompts. Check the base model / warm start and the data.")
         return updated
 
     def _train_on_batch(self, rb: RolloutBatch, t_clock: Callable[[], None], push: bool = True) -> bool:

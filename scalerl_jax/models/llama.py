@@ -334,6 +334,23 @@ def _proj(x, w, n_in: int = 1, preferred_element_type=None) -> jax.Array:
     return y.reshape(*x.shape[: x.ndim - n_in], *w.shape[n_in:])
 
 
+def attend_with_cache(q, k, v, pos_BT, kv, cfg: ModelConfig, local=0):
+    """Causal attention of one layer. Without a cache (``kv`` None) over ``k``/``v`` themselves; with one
+    (cache_k, cache_v [B, S, K, Dh]) the new keys/values are written at slot = position first and the queries
+    attend over every slot. Returns (output [B, T, H, Dh], the updated cache or None)."""
+    if kv is None:
+        return attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local), None
+    dt = _dt(cfg.dtype)
+    ck, cv = kv
+    B = q.shape[0]
+    b_idx = jnp.arange(B)[:, None]
+    ck = ck.at[b_idx, pos_BT].set(k.astype(ck.dtype))
+    cv = cv.at[b_idx, pos_BT].set(v.astype(cv.dtype))
+    slots = jnp.broadcast_to(jnp.arange(ck.shape[1]), (B, ck.shape[1]))
+    o = attention(q, ck.astype(dt), cv.astype(dt), pos_BT, slots, max(cfg.attn_chunk, q.shape[1]), local)
+    return o, (ck, cv)
+
+
 def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
     """One decoder layer. ``kv``: optional (cache_k [B,S,K,Dh], cache_v) to write into and attend over."""
     dt = _dt(cfg.dtype)
@@ -343,17 +360,7 @@ def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
     v = _proj(h, lp["wv"].astype(dt))
     q = constrain(apply_rope(q, pos_BT, inv_freq), ("batch", "seq", "q_heads", "head_dim"))
     k = apply_rope(k, pos_BT, inv_freq)
-    if kv is None:
-        o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk)
-        new_kv = None
-    else:
-        ck, cv = kv
-        b_idx = jnp.arange(x_BTD.shape[0])[:, None]
-        ck = ck.at[b_idx, pos_BT].set(k.astype(ck.dtype))
-        cv = cv.at[b_idx, pos_BT].set(v.astype(cv.dtype))
-        slots = jnp.broadcast_to(jnp.arange(ck.shape[1]), (x_BTD.shape[0], ck.shape[1]))
-        o = attention(q, ck.astype(dt), cv.astype(dt), pos_BT, slots, max(cfg.attn_chunk, q.shape[1]))
-        new_kv = (ck, cv)
+    o, new_kv = attend_with_cache(q, k, v, pos_BT, kv, cfg)
     x_BTD = x_BTD + _proj(o, lp["wo"].astype(dt), n_in=2)
     x_BTD = constrain(x_BTD, ("batch", "seq", "act_embed"))
     h = rms_norm(x_BTD, lp["mlp_norm"], cfg.rms_eps)
@@ -380,11 +387,6 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
     inv_freq = rope_inv_freq(cfg)
 
     def body(x, lp):
-        if cfg.remat:
-            # In the backward pass each layer's saved input is sliced from the stacked [L, B, T, D] residuals and
-            # cast to float32 by the norm; without the barrier XLA hoists that cast out of the loop and holds an
-            # [L, B, T, D] float32 copy of every layer input (8 GB per device for the 8B preset at 16k tokens).
-            x = jax.lax.optimization_barrier(x)
         return _layer(x, lp, pos, cfg, inv_freq)[0], None
 
     if cfg.remat:

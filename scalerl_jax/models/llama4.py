@@ -38,7 +38,7 @@ from scalerl_jax.models.llama import (
     _dt,
     _embed,
     _proj,
-    attention,
+    attend_with_cache,
     rms_norm,
     rope_inv_freq,
 )
@@ -147,17 +147,7 @@ def _attn_block(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, rope: bool, kv=No
         q, k = jnp.where(rope, qr, qn), jnp.where(rope, kr, kn)
         local = jnp.where(rope, cfg.local_attn_chunk or 0, 0).astype(jnp.int32)
     q = constrain(q, ("batch", "seq", "q_heads", "head_dim"))
-    if kv is None:
-        o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local)
-        new_kv = None
-    else:
-        ck, cv = kv
-        b_idx = jnp.arange(x_BTD.shape[0])[:, None]
-        ck = ck.at[b_idx, pos_BT].set(k.astype(ck.dtype))
-        cv = cv.at[b_idx, pos_BT].set(v.astype(cv.dtype))
-        slots = jnp.broadcast_to(jnp.arange(ck.shape[1]), (x_BTD.shape[0], ck.shape[1]))
-        o = attention(q, ck.astype(dt), cv.astype(dt), pos_BT, slots, max(cfg.attn_chunk, q.shape[1]), local)
-        new_kv = (ck, cv)
+    o, new_kv = attend_with_cache(q, k, v, pos_BT, kv, cfg, local)
     x_BTD = x_BTD + _proj(o, lp["wo"].astype(dt), n_in=2)
     return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
 
@@ -176,9 +166,6 @@ def _ffn_block(x_BTD, lp, fp, cfg: ModelConfig, is_moe: bool):
 
 
 def _layer(x, lp, fp, pos, kv, *, cfg: ModelConfig, inv_freq, rope: bool, is_moe: bool):
-    if cfg.remat and kv is None:
-        x = jax.lax.optimization_barrier(x)  # see scalerl_jax.models.llama.forward_hidden: keeps XLA from
-        #                                      hoisting an all-layers float32 copy of the saved inputs
     x, new_kv = _attn_block(x, lp, pos, cfg, inv_freq, rope, kv)
     x, stats = _ffn_block(x, lp, fp, cfg, is_moe)
     return x, new_kv, stats

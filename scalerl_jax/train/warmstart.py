@@ -38,27 +38,19 @@ def sft_arrays(problems: Sequence[Problem], encode: Callable[[str], list[int]], 
 def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, eos_id: int, pad_id: int,
                seq_len: int, steps: int, batch_size: int, lr: float, warmup: int, seed: int,
                log: Callable[[str], None] = print, log_path: str | Path | None = None, params=None,
-               direct_frac: float = 0.0, unmarked_frac: float = 0.0):
+               unmarked_frac: float = 0.0):
     """Train from scratch (or from ``params``) for ``steps`` AdamW steps with warm-up + cosine. Returns params.
 
-    ``direct_frac``: the fraction of examples whose target skips the scratchpad and answers at once
-    (``#Y``). ``unmarked_frac``: the fraction whose target works the scratchpad but never marks a final answer
-    (ends after ``a+X=Y``, no ``#Y``), which the verifier scores as no answer. Either gives the warm-started
-    policy a behaviour choice that RL then has to learn (see DESIGN.md, the tiny default).
+    ``unmarked_frac``: the fraction of examples whose target works the scratchpad but never marks a final
+    answer (ends after ``a+X=Y``, no ``#Y``), which the verifier scores as no answer: the warm-started policy
+    then often computes the answer without committing to it, which RL has to learn (see ``tiny_plan``).
     """
-    for name, frac in (("direct_frac", direct_frac), ("unmarked_frac", unmarked_frac)):
-        if not 0.0 <= frac <= 1.0:
-            raise ValueError(f"warm_start: {name} must be in [0, 1], got {frac}")
-    if direct_frac + unmarked_frac > 1.0:
-        raise ValueError(f"warm_start: direct_frac + unmarked_frac must be <= 1, got {direct_frac + unmarked_frac}")
+    if not 0.0 <= unmarked_frac <= 1.0:
+        raise ValueError(f"warm_start: unmarked_frac must be in [0, 1], got {unmarked_frac}")
     tokens, mask = sft_arrays(problems, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
-    alt = []  # (fraction, tokens, mask) of the alternative targets
-    if direct_frac > 0:
-        direct = [dataclasses.replace(p, solution=THINK_MARKER + p.answer) for p in problems]
-        alt.append((direct_frac, *sft_arrays(direct, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)))
     if unmarked_frac > 0:
         unmarked = [dataclasses.replace(p, solution=p.solution.rsplit(THINK_MARKER, 1)[0]) for p in problems]
-        alt.append((unmarked_frac, *sft_arrays(unmarked, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)))
+        u_tokens, u_mask = sft_arrays(unmarked, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
     tcfg = TrainConfig(lr=lr, warmup_steps=warmup, schedule="cosine", steps=steps, adam_eps=1e-8,
                        weight_decay=0.01, grad_clip=1.0)
     opt = make_optimizer(tcfg)
@@ -71,12 +63,9 @@ def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, e
     for s in range(steps):
         idx = rng.integers(0, len(problems), batch_size)
         tb, mb = tokens[idx], mask[idx]
-        if alt:
-            u, lo = rng.random(batch_size), 0.0
-            for frac, a_tokens, a_mask in alt:
-                use = (u >= lo) & (u < lo + frac)
-                tb, mb = np.where(use[:, None], a_tokens[idx], tb), np.where(use[:, None], a_mask[idx], mb)
-                lo += frac
+        if unmarked_frac > 0:
+            use = rng.random(batch_size) < unmarked_frac
+            tb, mb = np.where(use[:, None], u_tokens[idx], tb), np.where(use[:, None], u_mask[idx], mb)
         state, m = step(state, {"tokens": tb, "loss_mask": mb})
         if (s + 1) % 50 == 0 or s == steps - 1:
             loss = float(m["loss"])

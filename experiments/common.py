@@ -95,7 +95,8 @@ def _length_control(exp: ExperimentConfig, encode):
     lc = exp.rollout.length
     if lc.kind != "interruption":
         return None
-    return LengthControl(think_end_ids=tuple(encode(lc.think_end)), interruption_ids=tuple(encode(lc.interruption_text)),
+    return LengthControl(think_end_ids=tuple(encode(lc.think_end)),
+                         interruption_ids=tuple(encode(lc.interruption_text)),
                          budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)
 
 
@@ -135,8 +136,39 @@ def build_trainer(plan: ExperimentPlan, params, data, *, resume: bool = False, s
                      resume=resume, reward_transform=_reward_transform(exp), log=log)
 
 
-def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print) -> dict[str, Any]:
-    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``."""
+def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
+    """Everything the supervised warm start depends on, as JSON: two plans with equal keys start RL from the same
+    weights. The head dtype is left out on purpose: it changes the RL loss's numerics, not the base model, so the
+    ``bf16_head`` variant shares ScaleRL's warm start (as the paper's variants share one base model)."""
+    exp = plan.exp
+    model = {k: v for k, v in dataclasses.asdict(exp.model).items() if k != "head_dtype"}
+    return json.loads(json.dumps({
+        "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
+                                 "val_size": exp.data.val_size},
+        "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
+        "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac}, default=str))
+
+
+def _shared_warm_start(plan: ExperimentPlan, shared: Path) -> Path | None:
+    """The shared warm start's directory if it was finished earlier for the same key; raises if its key differs."""
+    key_file = shared / "warmstart_key.json"
+    if not (shared / "config.json").exists() or not key_file.exists():
+        return None
+    have, want = json.loads(key_file.read_text()), warm_start_key(plan)
+    if have != want:
+        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        raise ConfigError(f"shared warm start {shared} was made for different settings (differs in: "
+                          f"{', '.join(diff)}); remove it or use another --out")
+    return shared
+
+
+def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print,
+                   warm_dir: Path | None = None) -> dict[str, Any]:
+    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``.
+
+    ``warm_dir``: a warm start shared between runs (the leave-one-out variants of one seed). It is trained and
+    saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
+    """
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint
@@ -153,9 +185,10 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     tok = CharTokenizer()
     data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
     mcfg = exp.model
-    ws_dir = run_dir / "warmstart"
+    ws_dir = Path(warm_dir) if warm_dir is not None else run_dir / "warmstart"
     t0 = time.time()
-    if resume and (ws_dir / "config.json").exists():
+    shared = _shared_warm_start(plan, ws_dir) if warm_dir is not None else None
+    if shared is not None or (resume and (ws_dir / "config.json").exists()):
         params, _ = load_hf_checkpoint(ws_dir)
         log(f"[math_8b] reusing the warm start in {ws_dir}")
         ws_seconds = 0.0
@@ -167,6 +200,8 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
                             warmup=plan.warm_warmup, seed=exp.train.seed, log=log,
                             log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)
         save_hf_checkpoint(params, mcfg, ws_dir)  # a real HF checkpoint: the RL run's base model
+        if warm_dir is not None:  # written last: its presence marks the shared warm start finished
+            (ws_dir / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan), indent=2))
         ws_seconds = time.time() - t0
     trainer = build_trainer(plan, params, data, resume=resume, log=log)
     try:
@@ -174,6 +209,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     finally:
         trainer.close()
     summary["warmstart_seconds"] = ws_seconds
+    summary["warmstart_dir"] = str(ws_dir)
     fit_summary = None
     if fit:
         from scalerl_jax.scaling.report import fit_runs
@@ -204,7 +240,9 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
              f"{exp.rollout.prompts_per_batch} prompts x {exp.rollout.group_size} samples, LM head "
              f"{exp.model.head_dtype}, NPR {exp.data.npr}, length control {exp.rollout.length.kind}.", "",
              "## What happened", "",
-             f"- Warm start: {plan.warm_steps} supervised steps ({summary.get('warmstart_seconds', 0):.0f}s)"
+             f"- Warm start: {plan.warm_steps} supervised steps "
+             + (f"({summary['warmstart_seconds']:.0f}s)" if summary.get("warmstart_seconds")
+                else f"(reused from `{summary.get('warmstart_dir', 'warmstart')}`)")
              + (f"; {plan.warm_unmarked_frac:.0%} of its targets work the scratchpad but never mark an answer "
                 "(`#Y`), so the warm-started policy often computes the answer without committing to it: what RL "
                 "has to learn." if plan.warm_unmarked_frac else "."),

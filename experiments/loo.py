@@ -7,10 +7,14 @@ Launch::
     python -m experiments.loo --preset smoke --variants scalerl ppo_off_policy --out runs/loo_smoke
 
 Runs go one after another into ``<out>/<variant>_s<seed>``; a run whose summary.json exists is skipped, and a
-run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. At the end the
-sigmoid law is fitted to every run on the first half of its compute and ``<out>/comparison/report.md``
-tabulates A, B, C_mid with 90 % intervals, P(A_ScaleRL > A_variant), the overlaid curves and the ceiling
-densities. Cost on a 2-core CPU: about the tiny run's time per variant and seed (see README / the issue notes).
+run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. All variants of one
+seed start RL from one supervised warm start, ``<out>/warmstart_s<seed>`` (trained once; the paper's variants
+likewise share a base model), so only the RL differs between them. At the end the
+sigmoid law is fitted to every run (on its whole compute; ``--fit-until 0.5`` for the first half) and
+``<out>/comparison/comparison.md`` tabulates the end reward, A, B, C_mid with 90 % intervals and
+P(A_ScaleRL > A_variant), P(B_ScaleRL > B_variant) against ScaleRL of the same seed; the same folder holds the
+overlaid curves, the ceiling densities and every fit's report.md. Cost on a 2-core CPU: about the tiny run's
+RL time per variant and seed, plus one warm start per seed (see README / the issue notes).
 """
 
 from __future__ import annotations
@@ -26,31 +30,68 @@ from experiments.common import run_experiment
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 
 
-def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl") -> dict:
-    """Fit every run and write the comparison report (P(A_ref > A_variant) per variant)."""
+def _final_reward(run_dir: Path, last: int = 3) -> float:
+    """Mean validation reward of the run's last ``last`` evals (what it measurably reached)."""
+    from scalerl_jax.metrics import read_metrics
+
+    vals = [r["val_reward"] for r in read_metrics(run_dir, "eval") if r.get("val_reward") is not None]
+    return float(sum(vals[-last:]) / len(vals[-last:])) if vals else float("nan")
+
+
+def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_until: float = 1.0) -> dict:
+    """Fit every run on its first ``fit_until`` of compute and write ``out/comparison.md``: A, B, C_mid with 90 %
+    intervals, the measured end reward, and P(A_ref > A_run), P(B_ref > B_run) against the reference run of the
+    same seed. A run with too few evals to fit is listed with the reason instead of failing the report."""
+    from scalerl_jax.scaling.io import fit_window, load_run
     from scalerl_jax.scaling.report import fit_runs
 
-    summary = fit_runs(run_dirs, out, fit_until=0.5)
+    fittable, unfit = [], {}
+    for d in run_dirs:
+        try:
+            mask, _ = fit_window(load_run(d), fit_until)
+            if int(mask.sum()) < 5:
+                raise ValueError(f"{int(mask.sum())} evals in the fit window, need 5")
+            fittable.append(d)
+        except (OSError, ValueError) as e:
+            unfit[Path(d).name] = str(e)
+    summary = fit_runs(fittable, out, fit_until=fit_until) if fittable else {"runs": {}, "pairwise": []}
     runs = summary["runs"]
-    ref = [n for n in runs if n.startswith(reference + "_")]
-    lines = ["# Leave-one-out comparison", "", "| run | A (90% CI) | B (90% CI) | C_mid | P(A_ScaleRL > A_run) |",
-             "|---|---|---|---|---|"]
-    def s(e, k):
-        b = e["bayes"].get("summary", e["bayes"])
-        return b.get(k, {})
-
     pair = {(r["run_1"], r["run_2"]): r for r in summary.get("pairwise", [])}
-    for name, e in runs.items():
-        a, b, c = s(e, "A"), s(e, "B"), s(e, "C_mid")
-        p = ""
-        if ref and name not in ref and (ref[0], name) in pair:
-            p = f"{pair[(ref[0], name)]['P_A1_gt_A2']:.2f}"
-        lines.append(f"| {name} | {a.get('mean', float('nan')):.3f} [{a.get('lo', float('nan')):.3f}, "
-                     f"{a.get('hi', float('nan')):.3f}] | {b.get('mean', float('nan')):.2f} "
-                     f"[{b.get('lo', float('nan')):.2f}, {b.get('hi', float('nan')):.2f}] | "
-                     f"{c.get('mean', float('nan')):.4g} | {p} |")
-    lines += ["", "Figures: A_posteriors.png (ceiling densities), efficiency.png, fit_<run>.png, table.png.", ""]
+
+    def stat(e, k):
+        return e["bayes"].get("summary", e["bayes"]).get(k, {})
+
+    def ci(d, fmt):
+        nan = float("nan")
+        return f"{d.get('mean', nan):{fmt}} [{d.get('lo', nan):{fmt}}, {d.get('hi', nan):{fmt}}]"
+
+    lines = ["# Leave-one-out comparison", "",
+             f"Each run's sigmoid is fitted on the first {fit_until:.0%} of its compute (device-hours). The end reward "
+             "is the mean of the last 3 evals. P(·) compares the ScaleRL run of the same seed with the row's run: "
+             "above 0.5 means ScaleRL's ceiling A (efficiency B) is the larger.", "",
+             "| run | end reward | Δ vs ScaleRL | A (90% CI) | B (90% CI) | C_mid | P(A_ScaleRL > A) "
+             "| P(B_ScaleRL > B) |",
+             "|---|---|---|---|---|---|---|---|"]
+    ends = {Path(d).name: _final_reward(Path(d)) for d in run_dirs if (Path(d) / "metrics.jsonl").exists()}
+    for d in run_dirs:
+        name = Path(d).name
+        seed = name.rsplit("_s", 1)[-1]
+        ref = f"{reference}_s{seed}"
+        end = ends.get(name, float("nan"))
+        delta = f"{end - ends[ref]:+.3f}" if ref in ends and name != ref else ""
+        if name in unfit:
+            lines.append(f"| {name} | {end:.3f} | {delta} | not fitted: {unfit[name]} | | | | |")
+            continue
+        e = runs[name]
+        pa = pb = ""
+        if name != ref and (ref, name) in pair:
+            pa, pb = f"{pair[(ref, name)]['P_A1_gt_A2']:.2f}", f"{pair[(ref, name)]['P_B1_gt_B2']:.2f}"
+        lines.append(f"| {name} | {end:.3f} | {delta} | {ci(stat(e, 'A'), '.3f')} | {ci(stat(e, 'B'), '.2f')} | "
+                     f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
+    lines += ["", "Figures in this directory: A_posteriors.png (ceiling densities), efficiency.png (overlaid curves), "
+              "fit_<run>.png, table.png; report.md has every fit's detail.", ""]
     (out / "comparison.md").write_text("\n".join(lines))
+    summary["not_fitted"] = unfit
     return summary
 
 
@@ -62,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS], choices=sorted(VARIANTS))
     ap.add_argument("--out", default=None, help="output directory (default runs/loo_<preset>)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (overrides the preset)")
+    ap.add_argument("--fit-until", type=float, default=1.0,
+                    help="fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing "
+                         "variants; 0.5: the paper's half-compute protocol)")
     args = ap.parse_args(argv)
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
@@ -80,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
                 exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
             plan = dataclasses.replace(plan, exp=dataclasses.replace(exp, out_dir=str(run_dir)))
             print(f"[loo] running {run_dir.name} ({time.time() - t0:.0f}s elapsed)", flush=True)
-            run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False)
-    summary = compare(run_dirs, out / "comparison")
+            # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)
+            run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False,
+                           warm_dir=out / f"warmstart_s{seed}")
+    summary = compare(run_dirs, out / "comparison", fit_until=args.fit_until)
     (out / "comparison" / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
                                                                       "seconds": time.time() - t0}, indent=2))
     print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {out / 'comparison' / 'comparison.md'}")
-    return 0 if summary else 1
+    return 0 if summary["runs"] else 1
 
 
 if __name__ == "__main__":

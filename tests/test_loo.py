@@ -1,0 +1,107 @@
+"""experiments.loo: variants share one warm start per seed, finished runs are skipped, the report compares them."""
+
+import dataclasses
+import json
+
+import pytest
+
+from experiments import loo, presets
+from experiments.common import _shared_warm_start, warm_start_key
+from experiments.presets import build_plan
+from scalerl_jax.config import ConfigError
+
+R = dataclasses.replace
+
+
+def _micro_plan(seed: int = 0):
+    """A run small enough for CI: 2-layer model, 200 small warm-start steps, 6 RL steps evaluated after each."""
+    p = presets.smoke_plan(seed)
+    e = p.exp
+    model = R(e.model, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32, ffn_dim=128)
+    exp = R(e, model=model, data=R(e.data, val_size=16),
+            rollout=R(e.rollout, prompts_per_batch=4, group_size=4, k=2),
+            train=R(e.train, steps=6, eval_every=1, eval_samples=1, checkpoint_every=3))
+    return R(p, exp=exp, warm_steps=200, warm_batch=32, warm_warmup=20, warm_unmarked_frac=0.0)
+
+
+def test_warm_start_key_ignores_only_the_head_dtype():
+    base = build_plan("tiny", "scalerl", seed=0)
+    assert warm_start_key(build_plan("tiny", "bf16_head", seed=0)) == warm_start_key(base)
+    assert warm_start_key(build_plan("tiny", "no_npr", seed=0)) == warm_start_key(base)  # RL-side change
+    assert warm_start_key(build_plan("tiny", "scalerl", seed=1)) != warm_start_key(base)
+    wider = R(base, exp=R(base.exp, model=R(base.exp.model, d_model=256)))
+    assert warm_start_key(wider)["model"]["d_model"] == 256 != warm_start_key(base)["model"]["d_model"]
+    assert warm_start_key(R(base, warm_steps=7)) != warm_start_key(base)
+
+
+def test_shared_warm_start_refuses_another_key(tmp_path):
+    plan = build_plan("tiny", "scalerl", seed=0)
+    assert _shared_warm_start(plan, tmp_path) is None  # nothing there yet
+    (tmp_path / "config.json").write_text("{}")
+    assert _shared_warm_start(plan, tmp_path) is None  # a half-written warm start (no key file) is not reused
+    (tmp_path / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan)))
+    assert _shared_warm_start(plan, tmp_path) == tmp_path
+    with pytest.raises(ConfigError, match="differs in: data, seed"):
+        _shared_warm_start(build_plan("tiny", "scalerl", seed=1), tmp_path)
+
+
+def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(presets.PRESETS, "micro", _micro_plan)
+    out = tmp_path / "loo"
+    assert loo.main(["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert first.count("supervised warm start:") == 1 and first.count("reusing the warm start") == 1
+    ws = out / "warmstart_s0"
+    assert (ws / "model.safetensors").exists() and (ws / "warmstart_key.json").exists()
+    runs = {}
+    for name in ("scalerl_s0", "bf16_head_s0"):
+        s = json.loads((out / name / "summary.json").read_text())["run"]
+        assert s["steps"] == 6 and s["warmstart_dir"] == str(ws)
+        runs[name] = s
+        assert json.loads((out / name / "config.json").read_text())["model"]["head_dtype"] == (
+            "bfloat16" if name.startswith("bf16") else "float32")
+    assert runs["scalerl_s0"]["warmstart_seconds"] > 0 and runs["bf16_head_s0"]["warmstart_seconds"] == 0
+    table = (out / "comparison" / "comparison.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "_s0" in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["scalerl_s0", "bf16_head_s0"]
+    cells = [r.split("|") for r in rows]
+    assert cells[0][3].strip() == cells[0][7].strip() == ""  # no delta / P(A_ScaleRL > A) for ScaleRL itself
+    assert 0.0 <= float(cells[1][7]) <= 1.0 and 0.0 <= float(cells[1][8]) <= 1.0
+    end = {n: float(c[2]) for n, c in zip(("scalerl", "bf16"), cells)}
+    assert float(cells[1][3]) == pytest.approx(end["bf16"] - end["scalerl"], abs=1.5e-3)
+    # re-issuing the command runs nothing again
+    assert loo.main(["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out)]) == 0
+    again = capsys.readouterr().out
+    assert again.count("finished earlier, skipping") == 2 and "warm start" not in again
+
+
+def _write_curve(run_dir, A, B=1.5, c_mid=0.02, r0=0.3, n=16, noise=0.0, seed=0):
+    """Eval rows that follow the sigmoid law R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) worked by hand."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True)
+    c = np.linspace(0.0, 0.1, n)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for i, ci in enumerate(c):
+            r = r0 if ci == 0 else r0 + (A - r0) / (1 + (c_mid / ci) ** B)
+            f.write(json.dumps({"kind": "eval", "step": i, "device_hours": float(ci),
+                                "val_reward": float(r + noise * rng.standard_normal())}) + "\n")
+
+
+def test_compare_ranks_ceilings_and_lists_unfittable_runs(tmp_path):
+    runs = tmp_path / "runs"
+    _write_curve(runs / "scalerl_s0", A=0.8, noise=0.01, seed=1)
+    _write_curve(runs / "no_npr_s0", A=0.5, noise=0.01, seed=2)
+    _write_curve(runs / "dapo_s0", A=0.8, n=3)  # too short to fit
+    summary = loo.compare([runs / "scalerl_s0", runs / "no_npr_s0", runs / "dapo_s0"], tmp_path / "cmp")
+    assert set(summary["runs"]) == {"scalerl_s0", "no_npr_s0"} and "dapo_s0" in summary["not_fitted"]
+    a = {n: e["bayes"].get("summary", e["bayes"])["A"]["mean"] for n, e in summary["runs"].items()}
+    assert a["scalerl_s0"] == pytest.approx(0.8, abs=0.05) and a["no_npr_s0"] == pytest.approx(0.5, abs=0.05)
+    rows = {r.split("|")[1].strip(): r.split("|") for r in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+            if r.startswith("| ") and "_s0" in r}
+    assert float(rows["no_npr_s0"][7]) > 0.95  # P(A_ScaleRL > A_no_npr): 0.8 vs 0.5
+    # the end reward is the mean of the last 3 evals of the curve, its delta against ScaleRL of the same seed
+    assert float(rows["no_npr_s0"][3]) == pytest.approx(float(rows["no_npr_s0"][2]) - float(rows["scalerl_s0"][2]),
+                                                         abs=1.5e-3)
+    assert "not fitted" in rows["dapo_s0"][4]

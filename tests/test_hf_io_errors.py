@@ -67,3 +67,24 @@ def test_mesh_shape_must_divide_devices():
 
     with pytest.raises(ConfigError):
         make_mesh(MeshConfig(fsdp=2, tensor=2), jax.devices()[:1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama4"])
+def test_rope_fields_both_transformers_layouts(arch):
+    """llama3 RoPE scaling read from transformers-5 ``rope_parameters`` and from transformers-4 ``rope_scaling``
+    (with the old ``type`` key) gives the same config; an unknown type or a missing field is named."""
+    from scalerl_jax.models import hf_io, presets
+
+    cfg = presets.llama3_8b() if arch == "llama" else presets.scout_17b16e()
+    hf = hf_io.config_to_hf(cfg, "bfloat16") if arch == "llama" else hf_io.hf_llama4.config_to_hf(cfg, "bfloat16")
+    assert hf_io.config_from_hf(hf).rope_scaling == cfg.rope_scaling and cfg.rope_scaling is not None
+    scaling = {k: v for k, v in hf["rope_parameters"].items() if k not in ("rope_type", "rope_theta")}
+    v4 = {k: v for k, v in hf.items() if k != "rope_parameters"} | {"rope_scaling": {"type": "llama3", **scaling}}
+    got = hf_io.config_from_hf(v4)
+    assert (got.rope_scaling, got.rope_theta) == (cfg.rope_scaling, cfg.rope_theta)
+    bad = {**hf, "rope_parameters": {**hf["rope_parameters"], "rope_type": "yarn"}}
+    with pytest.raises(CheckpointError, match="config.json: field 'rope_type' expected 'default' or 'llama3', found 'yarn'"):
+        hf_io.config_from_hf(bad)
+    short = {**hf, "rope_parameters": {k: v for k, v in hf["rope_parameters"].items() if k != "low_freq_factor"}}
+    with pytest.raises(CheckpointError, match=r"missing field\(s\) \['low_freq_factor'\]"):
+        hf_io.config_from_hf(short)

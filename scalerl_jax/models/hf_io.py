@@ -18,8 +18,9 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import hf_llama4
+from scalerl_jax.models.hf_rope import rope_from_hf, rope_to_hf
 from scalerl_jax.models.llama import Params, param_shapes
 
 
@@ -105,21 +106,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConf
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         if key not in hf:
             raise CheckpointError(f"{source}: required field {key!r} is missing")
-    rope = dict(hf.get("rope_parameters") or {})
-    legacy = hf.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    rtype = rope.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
-    src = rope if rope.get("rope_type") else legacy
-    if rtype == "llama3":
-        scaling = RopeScaling(
-            factor=float(src["factor"]), low_freq_factor=float(src["low_freq_factor"]),
-            high_freq_factor=float(src["high_freq_factor"]),
-            original_max_position_embeddings=int(src["original_max_position_embeddings"]),
-        )
-    elif rtype == "default":
-        scaling = None
-    else:
-        raise CheckpointError(f"{source}: field 'rope_type' expected 'default' or 'llama3', found {rtype!r}")
+    theta, scaling = rope_from_hf(hf, source, CheckpointError, default_theta=10000.0)
     n_heads = hf["num_attention_heads"]
     dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
     eos = hf.get("eos_token_id")
@@ -138,16 +125,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConf
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
     """HF LlamaConfig dict for ``cfg`` (both the transformers-5 and the legacy RoPE fields)."""
-    rope_params: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    legacy_scaling = None
-    if cfg.rope_scaling is not None:
-        rs = cfg.rope_scaling
-        legacy_scaling = {
-            "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
-            "high_freq_factor": rs.high_freq_factor,
-            "original_max_position_embeddings": rs.original_max_position_embeddings,
-        }
-        rope_params.update(legacy_scaling)
+    rope_params, legacy_scaling = rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,

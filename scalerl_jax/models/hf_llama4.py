@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from scalerl_jax.config import ModelConfig, RopeScaling
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models.hf_rope import rope_from_hf, rope_to_hf
 
 ARCHS = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
 _ATTN = [("attn_norm", "input_layernorm.weight"), ("wq", "self_attn.q_proj.weight"),
@@ -63,19 +64,7 @@ def config_from_hf(hf_all: dict[str, Any], source: str, err: Callable[[str], Exc
     if hf.get("hidden_act", "silu") != "silu":
         raise err(f"{source}: field 'hidden_act' expected 'silu', found {hf['hidden_act']!r}")
     L = int(hf["num_hidden_layers"])
-    rope = dict(hf.get("rope_parameters") or {})
-    legacy = hf.get("rope_scaling") or {}
-    src = rope if rope.get("rope_type") else legacy
-    rtype = src.get("rope_type") or src.get("type") or "default"
-    theta = rope.get("rope_theta", hf.get("rope_theta", 500000.0))
-    if rtype == "llama3":
-        scaling = RopeScaling(factor=float(src["factor"]), low_freq_factor=float(src["low_freq_factor"]),
-                              high_freq_factor=float(src["high_freq_factor"]),
-                              original_max_position_embeddings=int(src["original_max_position_embeddings"]))
-    elif rtype == "default":
-        scaling = None
-    else:
-        raise err(f"{source}: field 'rope_type' expected 'default' or 'llama3', found {rtype!r}")
+    theta, scaling = rope_from_hf(hf, source, err, default_theta=500000.0)
     no_rope = hf.get("no_rope_layers")
     interval = int(hf.get("no_rope_layer_interval", 4))
     nope_every = _interval(list(no_rope), 0, "no_rope_layers", source, err) if no_rope else interval
@@ -108,12 +97,7 @@ def config_from_hf(hf_all: dict[str, Any], source: str, err: Callable[[str], Exc
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling is not None:
-        rs = cfg.rope_scaling
-        rope.update({"rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
-                     "high_freq_factor": rs.high_freq_factor,
-                     "original_max_position_embeddings": rs.original_max_position_embeddings})
+    rope, _ = rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
     L = cfg.n_layers
     no_rope = [int(cfg.uses_rope(i)) for i in range(L)]
     return {

@@ -38,7 +38,8 @@ def _final_reward(run_dir: Path, last: int = 3) -> float:
     return float(sum(vals[-last:]) / len(vals[-last:])) if vals else float("nan")
 
 
-def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_until: float = 1.0) -> dict:
+def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_until: float = 1.0,
+            compute_key: str = "flops") -> dict:
     """Fit every run on its first ``fit_until`` of compute and write ``out/comparison.md``: A, B, C_mid with 90 %
     intervals, the measured end reward, and P(A_ref > A_run), P(B_ref > B_run) against the reference run of the
     same seed. A run with too few evals to fit is listed with the reason instead of failing the report."""
@@ -48,13 +49,14 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
     fittable, unfit = [], {}
     for d in run_dirs:
         try:
-            mask, _ = fit_window(load_run(d), fit_until)
+            mask, _ = fit_window(load_run(d, compute_key=compute_key), fit_until)
             if int(mask.sum()) < 5:
                 raise ValueError(f"{int(mask.sum())} evals in the fit window, need 5")
             fittable.append(d)
         except (OSError, ValueError) as e:
             unfit[Path(d).name] = str(e)
-    summary = fit_runs(fittable, out, fit_until=fit_until) if fittable else {"runs": {}, "pairwise": []}
+    summary = (fit_runs(fittable, out, fit_until=fit_until, compute_key=compute_key) if fittable
+               else {"runs": {}, "pairwise": []})
     runs = summary["runs"]
     pair = {(r["run_1"], r["run_2"]): r for r in summary.get("pairwise", [])}
 
@@ -66,9 +68,9 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
         return f"{d.get('mean', nan):{fmt}} [{d.get('lo', nan):{fmt}}, {d.get('hi', nan):{fmt}}]"
 
     lines = ["# Leave-one-out comparison", "",
-             f"Each run's sigmoid is fitted on the first {fit_until:.0%} of its compute (device-hours). The end reward "
-             "is the mean of the last 3 evals. P(·) compares the ScaleRL run of the same seed with the row's run: "
-             "above 0.5 means ScaleRL's ceiling A (efficiency B) is the larger.", "",
+             f"Each run's sigmoid is fitted on the first {fit_until:.0%} of its compute (`{compute_key}`). "
+             "The end reward is the mean of the last 3 evals. P(·) compares the ScaleRL run of the same seed with "
+             "the row's run: above 0.5 means ScaleRL's ceiling A (efficiency B) is the larger.", "",
              "| run | end reward | Δ vs ScaleRL | A (90% CI) | B (90% CI) | C_mid | P(A_ScaleRL > A) "
              "| P(B_ScaleRL > B) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -103,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS], choices=sorted(VARIANTS))
     ap.add_argument("--out", default=None, help="output directory (default runs/loo_<preset>)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (overrides the preset)")
+    ap.add_argument("--compute-key", nargs="+", default=["flops", "device_hours"],
+                    choices=["flops", "device_hours"],
+                    help="compute axes to compare on; the first goes to <out>/comparison, others to "
+                         "<out>/comparison_<key>. FLOPs (train + generation) are counted, so they do not depend on "
+                         "how loaded the machine was; device-hours (wall time minus evals) also credit PipelineRL's "
+                         "overlap of generation and training, but a busy machine inflates them")
     ap.add_argument("--fit-until", type=float, default=1.0,
                     help="fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing "
                          "variants; 0.5: the paper's half-compute protocol)")
@@ -127,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)
             run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False,
                            warm_dir=out / f"warmstart_s{seed}")
-    summary = compare(run_dirs, out / "comparison", fit_until=args.fit_until)
+    summaries = [compare(run_dirs, out / ("comparison" if i == 0 else f"comparison_{key}"), fit_until=args.fit_until,
+                         compute_key=key) for i, key in enumerate(args.compute_key)]
+    summary = summaries[0]
     (out / "comparison" / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
                                                                       "seconds": time.time() - t0}, indent=2))
     print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {out / 'comparison' / 'comparison.md'}")

@@ -62,6 +62,8 @@ def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, mo
             "bfloat16" if name.startswith("bf16") else "float32")
     assert runs["scalerl_s0"]["warmstart_seconds"] > 0 and runs["bf16_head_s0"]["warmstart_seconds"] == 0
     table = (out / "comparison" / "comparison.md").read_text()
+    assert "(`flops`)" in table  # counted compute is the main axis; device-hours in their own folder
+    assert "(`device_hours`)" in (out / "comparison_device_hours" / "comparison.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "_s0" in line]
     assert [r.split("|")[1].strip() for r in rows] == ["scalerl_s0", "bf16_head_s0"]
     cells = [r.split("|") for r in rows]
@@ -94,7 +96,8 @@ def test_compare_ranks_ceilings_and_lists_unfittable_runs(tmp_path):
     _write_curve(runs / "scalerl_s0", A=0.8, noise=0.01, seed=1)
     _write_curve(runs / "no_npr_s0", A=0.5, noise=0.01, seed=2)
     _write_curve(runs / "dapo_s0", A=0.8, n=3)  # too short to fit
-    summary = loo.compare([runs / "scalerl_s0", runs / "no_npr_s0", runs / "dapo_s0"], tmp_path / "cmp")
+    summary = loo.compare([runs / "scalerl_s0", runs / "no_npr_s0", runs / "dapo_s0"], tmp_path / "cmp",
+                          compute_key="device_hours")
     assert set(summary["runs"]) == {"scalerl_s0", "no_npr_s0"} and "dapo_s0" in summary["not_fitted"]
     a = {n: e["bayes"].get("summary", e["bayes"])["A"]["mean"] for n, e in summary["runs"].items()}
     assert a["scalerl_s0"] == pytest.approx(0.8, abs=0.05) and a["no_npr_s0"] == pytest.approx(0.5, abs=0.05)

@@ -201,3 +201,31 @@ def test_ppo_checkpoints_continue_after_a_skipped_update(tmp_path):
     assert summary["skipped_steps"] == 1
     # rounds end at steps 1, 3, 5, 6 (the last one cut short); checkpoints whenever a multiple of 2 was crossed
     assert _committed_checkpoints(tmp_path) == [3, 5, 6]
+
+
+def test_pipeline_checkpoint_keeps_the_prompts_still_in_flight(tmp_path):
+    """PipelineRL generates up to k + 1 batches ahead of the trainer. A checkpoint must store the prompt stream's
+    position after the batches the trainer consumed, not after those drawn, or a resume skips the in-flight ones."""
+    exp = make_exp(mode="pipeline", k=2, steps=4, checkpoint_every=4, npr=False)
+    data = make_data(n_train=64)  # 64 prompts: the run stays inside the first epoch
+    trainer, _ = build_trainer(tmp_path, exp, data=data)
+    inner = trainer.step_fn
+    trainer.step_fn = lambda state, batch: (time.sleep(0.5), inner(state, batch))[1]  # generation runs ahead
+    try:
+        s = trainer.run()
+        drawn = trainer.prompts.get_state()["position"]
+    finally:
+        trainer.close()
+    consumed = s["steps"] + s["dropped_stale_batches"] + s["skipped_steps"] + s["empty_batches"]
+    ppb = exp.rollout.prompts_per_batch
+    assert s["steps"] == 4 and drawn > consumed * ppb, (drawn, consumed)  # batches were in flight at the end
+
+    ref = data.train_iterator(None)  # an independent iterator over the same stream, advanced by what was trained
+    ref.next_batch(consumed * ppb)
+    resumed, _ = build_trainer(tmp_path, exp, data=data, resume=True)
+    try:
+        assert resumed.resumed_from == 4
+        assert resumed.prompts.get_state() == ref.get_state()
+        assert [p.prompt_id for p in resumed.prompts.next_batch(ppb)] == [p.prompt_id for p in ref.next_batch(ppb)]
+    finally:
+        resumed.close()

@@ -67,6 +67,7 @@ class RolloutProducer:
         self.bos_id = bos_id
         self.reward_transform = reward_transform
         self.prompt_lock = threading.Lock()  # the prompt iterator is shared with checkpointing
+        self._drawn: dict[int, dict] = {}  # batch index -> the prompt iterator's state before it was drawn
 
     def requests_for(self, problems: Sequence[Problem], sampling: SamplingParams | None = None) -> list[GenerationRequest]:
         out = []
@@ -97,9 +98,25 @@ class RolloutProducer:
 
     def produce(self, index: int) -> RolloutBatch:
         with self.prompt_lock:
+            if hasattr(self.prompts, "get_state"):
+                self._drawn[index] = self.prompts.get_state()
             problems = self.prompts.next_batch(self.prompts_per_batch)
         groups, rewards, dt, n_tok, counts = self.generate_and_score(problems)
         return RolloutBatch(index, problems, groups, rewards, dt, n_tok, counts)
+
+
+    def consumed(self, index: int) -> None:
+        """The trainer is done with batch ``index`` (trained on it, or dropped it)."""
+        with self.prompt_lock:
+            for i in [i for i in self._drawn if i <= index]:
+                del self._drawn[i]
+
+    def resume_state(self) -> dict:
+        """The prompt iterator's state to checkpoint: from before the oldest batch drawn but not yet consumed (in
+        pipeline mode up to k + 1 batches are generating ahead of the trainer), so a resumed run trains on those
+        prompts instead of skipping them."""
+        with self.prompt_lock:
+            return self._drawn[min(self._drawn)] if self._drawn else self.prompts.get_state()
 
 
 class PipelineRunner:

@@ -128,9 +128,7 @@ class RLTrainer:
                             self.state_sh)
 
     def _extras(self) -> dict[str, Any]:
-        with self.producer.prompt_lock:
-            data_state = self.prompts.get_state()
-        return {"step": int(self.state.step), "version": self.version, "data": data_state,
+        return {"step": int(self.state.step), "version": self.version, "data": self.producer.resume_state(),
                 "curriculum": self.curriculum.state_dict(), "counters": dataclasses.asdict(self.counters),
                 "metrics_offset": self.metrics.offset(), "seed": self.tcfg.seed}
 
@@ -182,6 +180,7 @@ class RLTrainer:
         """Train on one rollout batch; returns whether the parameters were updated. Raises after
         ``MAX_BATCHES_WITHOUT_UPDATE`` consecutive batches without an update (the run could never finish)."""
         updated = self._train_on_batch(rb, t_clock, push)
+        self.producer.consumed(rb.index)
         self._idle_batches = 0 if updated else getattr(self, "_idle_batches", 0) + 1
         if self._idle_batches >= self.MAX_BATCHES_WITHOUT_UPDATE:
             raise RuntimeError(

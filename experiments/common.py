@@ -136,17 +136,28 @@ def build_trainer(plan: ExperimentPlan, params, data, *, resume: bool = False, s
                      resume=resume, reward_transform=_reward_transform(exp), log=log)
 
 
+WARM_HEAD_DTYPE = "float32"  # the supervised warm start always trains with ScaleRL's FP32 head
+
+
 def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
     """Everything the supervised warm start depends on, as JSON: two plans with equal keys start RL from the same
-    weights. The head dtype is left out on purpose: it changes the RL loss's numerics, not the base model, so the
+    weights. The warm start trains with an FP32 LM head whatever the RL recipe's ``head_dtype``, so the
     ``bf16_head`` variant shares ScaleRL's warm start (as the paper's variants share one base model)."""
     exp = plan.exp
-    model = {k: v for k, v in dataclasses.asdict(exp.model).items() if k != "head_dtype"}
+    model = {k: v for k, v in dataclasses.asdict(exp.model).items() if k != "head_dtype"}  # always WARM_HEAD_DTYPE
     return json.loads(json.dumps({
         "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
                                  "val_size": exp.data.val_size},
         "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac}, default=str))
+
+
+def _json_diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ (``model.d_model``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _json_diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    return [] if a == b else [path or "<root>"]
 
 
 def _shared_warm_start(plan: ExperimentPlan, shared: Path) -> Path | None:
@@ -156,9 +167,9 @@ def _shared_warm_start(plan: ExperimentPlan, shared: Path) -> Path | None:
         return None
     have, want = json.loads(key_file.read_text()), warm_start_key(plan)
     if have != want:
-        diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
         raise ConfigError(f"shared warm start {shared} was made for different settings (differs in: "
-                          f"{', '.join(diff)}); remove it or use another --out")
+                          f"{', '.join(_json_diff(have, want))}); use another --out for these settings (the runs "
+                          "already in this one started from that warm start)")
     return shared
 
 
@@ -188,14 +199,16 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     ws_dir = Path(warm_dir) if warm_dir is not None else run_dir / "warmstart"
     t0 = time.time()
     shared = _shared_warm_start(plan, ws_dir) if warm_dir is not None else None
-    if shared is not None or (resume and (ws_dir / "config.json").exists()):
+    # a shared warm start is reused only once its key file marks it finished and matching
+    if shared is not None or (warm_dir is None and resume and (ws_dir / "config.json").exists()):
         params, _ = load_hf_checkpoint(ws_dir)
         log(f"[math_8b] reusing the warm start in {ws_dir}")
         ws_seconds = 0.0
     else:
         log(f"[math_8b] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on "
             f"{len(data.train)} synthetic problems")
-        params = warm_start(mcfg, data.train, encode=tok.encode, eos_id=tok.eos_id, pad_id=tok.pad_id,
+        params = warm_start(dataclasses.replace(mcfg, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
+                            eos_id=tok.eos_id, pad_id=tok.pad_id,
                             seq_len=plan.seq_len, steps=plan.warm_steps, batch_size=plan.warm_batch, lr=plan.warm_lr,
                             warmup=plan.warm_warmup, seed=exp.train.seed, log=log,
                             log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)

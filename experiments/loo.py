@@ -30,12 +30,14 @@ from experiments.common import run_experiment
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 
 
-def _final_reward(run_dir: Path, last: int = 3) -> float:
-    """Mean validation reward of the run's last ``last`` evals (what it measurably reached)."""
-    from scalerl_jax.metrics import read_metrics
+def _final_reward(run_dir: Path, compute_key: str, last: int = 3) -> float:
+    """Mean validation reward of the run's last ``last`` evals (what it measurably reached); NaN without evals."""
+    from scalerl_jax.scaling.io import load_run
 
-    vals = [r["val_reward"] for r in read_metrics(run_dir, "eval") if r.get("val_reward") is not None]
-    return float(sum(vals[-last:]) / len(vals[-last:])) if vals else float("nan")
+    try:
+        return float(load_run(run_dir, compute_key=compute_key).reward[-last:].mean())
+    except (OSError, ValueError):
+        return float("nan")
 
 
 def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_until: float = 1.0,
@@ -46,6 +48,9 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
     from scalerl_jax.scaling.io import fit_window, load_run
     from scalerl_jax.scaling.report import fit_runs
 
+    if not 0 < fit_until <= 1:
+        raise ValueError(f"fit_until is a fraction of each run's compute in (0, 1], got {fit_until}")
+    out.mkdir(parents=True, exist_ok=True)
     fittable, unfit = [], {}
     for d in run_dirs:
         try:
@@ -74,13 +79,14 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
              "| run | end reward | Δ vs ScaleRL | A (90% CI) | B (90% CI) | C_mid | P(A_ScaleRL > A) "
              "| P(B_ScaleRL > B) |",
              "|---|---|---|---|---|---|---|---|"]
-    ends = {Path(d).name: _final_reward(Path(d)) for d in run_dirs if (Path(d) / "metrics.jsonl").exists()}
+    ends = {Path(d).name: _final_reward(Path(d), compute_key) for d in run_dirs}
     for d in run_dirs:
         name = Path(d).name
         seed = name.rsplit("_s", 1)[-1]
         ref = f"{reference}_s{seed}"
         end = ends.get(name, float("nan"))
         delta = f"{end - ends[ref]:+.3f}" if ref in ends and name != ref else ""
+        delta = "" if delta == "+nan" else delta
         if name in unfit:
             lines.append(f"| {name} | {end:.3f} | {delta} | not fitted: {unfit[name]} | | | | |")
             continue
@@ -115,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing "
                          "variants; 0.5: the paper's half-compute protocol)")
     args = ap.parse_args(argv)
+    if not 0 < args.fit_until <= 1:
+        ap.error(f"--fit-until is a fraction of each run's compute in (0, 1], got {args.fit_until}")
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
     run_dirs = []

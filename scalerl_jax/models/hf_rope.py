@@ -1,8 +1,9 @@
 """RoPE fields of HF configs, shared by the Llama (:mod:`hf_io`) and Llama-4 (:mod:`hf_llama4`) converters.
 
 transformers 5 writes ``rope_parameters`` (with ``rope_theta`` inside); transformers 4 wrote ``rope_theta`` at the
-top level and the llama3 scaling in ``rope_scaling`` (``rope_type`` or the older ``type``). Both are read; both are
-written so either transformers version loads what we save.
+top level and the llama3 scaling in ``rope_scaling`` (``rope_type`` or the older ``type``). Both layouts are read.
+:func:`rope_to_hf` returns both; the Llama writer stores both (either transformers version loads it), the Llama-4
+writer only ``rope_parameters`` and the top-level ``rope_theta`` (Llama 4 is tested against transformers 5 only).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ Launch::
     python -m experiments.loo --preset tiny                       # ScaleRL + every leave-one-out variant, seed 0
     python -m experiments.loo --preset tiny --seeds 3 --variants scalerl no_npr bf16_head
     python -m experiments.loo --preset smoke --variants scalerl ppo_off_policy --out runs/loo_smoke
+    python -m experiments.loo --preset tiny --variants scalerl no_npr --set data.n_train=1024 --out runs/loo_npr
 
 Runs go one after another into ``<out>/<variant>_s<seed>``; a run whose summary.json exists is skipped, and a
 run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. All variants of one
@@ -26,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common import run_experiment
+from experiments.common import apply_overrides, run_experiment
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from scalerl_jax.config import ConfigError
 
 
 def _final_reward(run_dir: Path, compute_key: str, last: int = 3) -> float:
@@ -111,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS], choices=sorted(VARIANTS))
     ap.add_argument("--out", default=None, help="output directory (default runs/loo_<preset>)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (overrides the preset)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a config field of every run after its variant is applied, e.g. data.n_train=1024 "
+                         "(repeatable; an override of the field a variant swaps undoes that variant)")
     ap.add_argument("--compute-key", nargs="+", default=["flops", "device_hours"],
                     choices=["flops", "device_hours"],
                     help="compute axes to compare on; the first goes to <out>/comparison, others to "
@@ -123,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.fit_until <= 1:
         ap.error(f"--fit-until is a fraction of each run's compute in (0, 1], got {args.fit_until}")
+    try:  # a bad override fails here, before any run starts
+        apply_overrides(build_plan(args.preset, args.variants[0]).exp, args.overrides)
+    except ConfigError as e:
+        ap.error(str(e))
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
     run_dirs = []
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             exp = plan.exp
             if args.steps:
                 exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
+            exp = apply_overrides(exp, args.overrides)
             plan = dataclasses.replace(plan, exp=dataclasses.replace(exp, out_dir=str(run_dir)))
             print(f"[loo] running {run_dir.name} ({time.time() - t0:.0f}s elapsed)", flush=True)
             # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)

@@ -125,3 +125,13 @@ def test_compare_writes_its_table_when_nothing_can_be_fitted(tmp_path):
     assert summary["runs"] == {} and set(summary["not_fitted"]) == {"scalerl_s0", "gspo_s0"}
     table = (tmp_path / "new" / "cmp" / "comparison.md").read_text()
     assert "| gspo_s0 | nan |  | not fitted: no metrics.jsonl" in table
+
+
+def test_loo_rejects_a_bad_override_before_running_anything(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        loo.main(["--preset", "tiny", "--variants", "scalerl", "--set", "data.n_trian=5", "--out", str(tmp_path)])
+    assert "DataConfig has no field 'n_trian'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        loo.main(["--preset", "tiny", "--fit-until", "0", "--out", str(tmp_path)])
+    assert "--fit-until is a fraction" in capsys.readouterr().err

@@ -5,7 +5,7 @@ Launch::
     python -m experiments.loo --preset tiny                       # ScaleRL + every leave-one-out variant, seed 0
     python -m experiments.loo --preset tiny --seeds 3 --variants scalerl no_npr bf16_head
     python -m experiments.loo --preset smoke --variants scalerl ppo_off_policy --out runs/loo_smoke
-    python -m experiments.loo --preset tiny --variants scalerl no_npr --set data.n_train=1024 --out runs/loo_npr
+    python -m experiments.loo --preset tiny --variants scalerl dapo --set train.lr=1e-4 --out runs/loo_lr1e-4
 
 Runs go one after another into ``<out>/<variant>_s<seed>``; a run whose summary.json exists is skipped, and a
 run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. All variants of one
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default runs/loo_<preset>)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (overrides the preset)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a config field of every run after its variant is applied, e.g. data.n_train=1024 "
+                    help="override a config field of every run after its variant is applied, e.g. train.lr=1e-4 "
                          "(repeatable; an override of the field a variant swaps undoes that variant)")
     ap.add_argument("--compute-key", nargs="+", default=["flops", "device_hours"],
                     choices=["flops", "device_hours"],

@@ -42,6 +42,46 @@ def _final_reward(run_dir: Path, compute_key: str, last: int = 3) -> float:
         return float("nan")
 
 
+def plot_curves(run_dirs: list[Path], out: Path, reference: str = "scalerl", compute_key: str = "flops") -> list[str]:
+    """``curves.png``: one panel per variant, its validation reward against compute (one line per seed) over the
+    reference recipe's curves of the same seeds (black), so each swap is read against ScaleRL directly."""
+    import matplotlib.pyplot as plt
+
+    from scalerl_jax.scaling.io import load_run
+    from scalerl_jax.scaling.plots import save
+
+    curves: dict[str, dict[str, object]] = {}
+    for d in run_dirs:
+        variant, _, seed = Path(d).name.rpartition("_s")
+        try:
+            curves.setdefault(variant, {})[seed] = load_run(d, compute_key=compute_key)
+        except (OSError, ValueError):
+            continue
+    ref = curves.get(reference, {})
+    variants = [v for v in curves if v != reference] or list(curves)
+    if not variants:
+        return []
+    cols = min(4, len(variants))
+    rows = -(-len(variants) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.5 * rows), sharex=True, sharey=True, squeeze=False)
+    for ax, variant in zip(axes.flat, variants):
+        for seed, c in sorted(ref.items()):
+            ax.plot(c.compute, c.reward, color="k", lw=1.0, alpha=0.7, label=f"{reference} s{seed}")
+        for j, (seed, c) in enumerate(sorted(curves[variant].items())):
+            ax.plot(c.compute, c.reward, color=f"C{j}", lw=1.4, label=f"{variant} s{seed}")
+        ax.set_title(variant, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(variants):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel(compute_key, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("val reward", fontsize=8)
+    axes.flat[0].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    return save(fig, out, "curves")
+
+
 def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_until: float = 1.0,
             compute_key: str = "flops") -> dict:
     """Fit every run on its first ``fit_until`` of compute and write ``out/comparison.md``: A, B, C_mid with 90 %
@@ -98,7 +138,9 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
             pa, pb = f"{pair[(ref, name)]['P_A1_gt_A2']:.2f}", f"{pair[(ref, name)]['P_B1_gt_B2']:.2f}"
         lines.append(f"| {name} | {end:.3f} | {delta} | {ci(stat(e, 'A'), '.3f')} | {ci(stat(e, 'B'), '.2f')} | "
                      f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
-    lines += ["", "Figures in this directory: A_posteriors.png (ceiling densities), efficiency.png (overlaid curves), "
+    plot_curves(run_dirs, out, reference, compute_key)
+    lines += ["", "Figures in this directory: curves.png (each variant's reward curves over ScaleRL's, per seed), "
+              "A_posteriors.png (ceiling densities), efficiency.png (log F(R) against log C: slope B), "
               "fit_<run>.png, table.png; report.md has every fit's detail.", ""]
     (out / "comparison.md").write_text("\n".join(lines))
     summary["not_fitted"] = unfit

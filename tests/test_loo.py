@@ -63,6 +63,7 @@ def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, mo
     assert runs["scalerl_s0"]["warmstart_seconds"] > 0 and runs["bf16_head_s0"]["warmstart_seconds"] == 0
     table = (out / "comparison" / "comparison.md").read_text()
     assert "(`flops`)" in table  # counted compute is the main axis; device-hours in their own folder
+    assert (out / "comparison" / "curves.png").exists() and (out / "comparison" / "A_posteriors.png").exists()
     assert "(`device_hours`)" in (out / "comparison_device_hours" / "comparison.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "_s0" in line]
     assert [r.split("|")[1].strip() for r in rows] == ["scalerl_s0", "bf16_head_s0"]
@@ -113,6 +114,7 @@ def test_compare_ranks_ceilings_and_lists_unfittable_runs(tmp_path):
     assert float(rows["no_npr_s0"][2]) == pytest.approx(end_low, abs=1e-3)
     assert float(rows["no_npr_s0"][3]) == pytest.approx(end_low - end_ref, abs=1e-3)
     assert "not fitted" in rows["dapo_s0"][4]
+    assert (tmp_path / "cmp" / "curves.png").stat().st_size > 0  # no_npr's panel over ScaleRL's curve
     with pytest.raises(ValueError, match=r"fit_until .* got 1.5"):
         loo.compare([runs / "scalerl_s0"], tmp_path / "cmp2", fit_until=1.5)
 

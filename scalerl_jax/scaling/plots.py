@@ -65,6 +65,19 @@ def plot_fit(curve, posterior, fit_limit, target_compute=None, grid_fit=None, po
     return fig
 
 
+def _color(i: int, n: int):
+    """Distinct colours for up to 20 curves (the default cycle repeats after 10)."""
+    return f"C{i}" if n <= 10 else plt.get_cmap("tab20")(i % 20)
+
+
+def _legend(ax, n: int) -> None:
+    """In the axes for a few curves; beside them for many, so the legend never hides the data."""
+    if n <= 6:
+        ax.legend(fontsize=8)
+    else:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def plot_A_posteriors(posteriors: dict):
     """Posterior densities of A (the predicted ceilings) for one or several runs on one axis."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -75,11 +88,12 @@ def plot_A_posteriors(posteriors: dict):
         bins = np.linspace(lo - 0.05 * span, hi + 0.05 * span, 60)
         dens, edges = np.histogram(a, bins=bins, density=True)
         mid = 0.5 * (edges[1:] + edges[:-1])
-        ax.plot(mid, dens, color=f"C{i}", lw=1.8, label=f"{name}: {np.mean(a):.3f}")
-        ax.fill_between(mid, dens, color=f"C{i}", alpha=0.15)
+        color = _color(i, len(posteriors))
+        ax.plot(mid, dens, color=color, lw=1.8, label=f"{name}: {np.mean(a):.3f}")
+        ax.fill_between(mid, dens, color=color, alpha=0.15)
     ax.set_xlabel("A (asymptotic reward)")
     ax.set_ylabel("posterior density")
-    ax.legend(fontsize=8)
+    _legend(ax, len(posteriors))
     return fig
 
 
@@ -93,14 +107,15 @@ def plot_efficiency(items: dict):
         R0 = s["R0"]["mean"] if "R0" in s else post.R0
         F = efficiency_F(curve.reward, A, B, Cm, R0)
         ok = np.isfinite(F) & (curve.compute > 0)
-        ax.scatter(np.log(curve.compute[ok]), np.log(F[ok]), s=10, color=f"C{i}")
+        color = _color(i, len(items))
+        ax.scatter(np.log(curve.compute[ok]), np.log(F[ok]), s=10, color=color)
         xs = np.log(curve.compute[curve.compute > 0])
         if xs.size:
             xx = np.linspace(xs.min(), xs.max(), 50)
-            ax.plot(xx, B * xx, color=f"C{i}", lw=1.5, label=f"{name}: slope B = {B:.2f}")
+            ax.plot(xx, B * xx, color=color, lw=1.5, label=f"{name}: slope B = {B:.2f}")
     ax.set_xlabel("log C")
     ax.set_ylabel("log F(R)")
-    ax.legend(fontsize=8)
+    _legend(ax, len(items))
     return fig
 
 

@@ -32,31 +32,24 @@ from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from scalerl_jax.config import ConfigError
 
 
-def _final_reward(run_dir: Path, compute_key: str, last: int = 3) -> float:
-    """Mean validation reward of the run's last ``last`` evals (what it measurably reached); NaN without evals."""
-    from scalerl_jax.scaling.io import load_run
-
-    try:
-        return float(load_run(run_dir, compute_key=compute_key).reward[-last:].mean())
-    except (OSError, ValueError):
-        return float("nan")
+def _variant_seed(run_dir) -> tuple[str, str]:
+    """``dapo_s1`` -> ("dapo", "1")."""
+    variant, _, seed = Path(run_dir).name.rpartition("_s")
+    return variant, seed
 
 
-def plot_curves(run_dirs: list[Path], out: Path, reference: str = "scalerl", compute_key: str = "flops") -> list[str]:
+def plot_curves(loaded: dict, out: Path, reference: str = "scalerl", compute_key: str = "flops") -> list[str]:
     """``curves.png``: one panel per variant, its validation reward against compute (one line per seed) over the
-    reference recipe's curves of the same seeds (black), so each swap is read against ScaleRL directly."""
+    reference recipe's curves of the same seeds (black), so each swap is read against ScaleRL directly.
+    ``loaded``: run name -> its RunCurve."""
     import matplotlib.pyplot as plt
 
-    from scalerl_jax.scaling.io import load_run
     from scalerl_jax.scaling.plots import save
 
     curves: dict[str, dict[str, object]] = {}
-    for d in run_dirs:
-        variant, _, seed = Path(d).name.rpartition("_s")
-        try:
-            curves.setdefault(variant, {})[seed] = load_run(d, compute_key=compute_key)
-        except (OSError, ValueError):
-            continue
+    for name, curve in loaded.items():
+        variant, seed = _variant_seed(name)
+        curves.setdefault(variant, {})[seed] = curve
     ref = curves.get(reference, {})
     variants = [v for v in curves if v != reference] or list(curves)
     if not variants:
@@ -93,10 +86,11 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
     if not 0 < fit_until <= 1:
         raise ValueError(f"fit_until is a fraction of each run's compute in (0, 1], got {fit_until}")
     out.mkdir(parents=True, exist_ok=True)
-    fittable, unfit = [], {}
+    fittable, unfit, loaded = [], {}, {}
     for d in run_dirs:
         try:
-            mask, _ = fit_window(load_run(d, compute_key=compute_key), fit_until)
+            loaded[Path(d).name] = curve = load_run(d, compute_key=compute_key)
+            mask, _ = fit_window(curve, fit_until)
             if int(mask.sum()) < 5:
                 raise ValueError(f"{int(mask.sum())} evals in the fit window, need 5")
             fittable.append(d)
@@ -121,14 +115,12 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
              "| run | end reward | Δ vs ScaleRL | A (90% CI) | B (90% CI) | C_mid | P(A_ScaleRL > A) "
              "| P(B_ScaleRL > B) |",
              "|---|---|---|---|---|---|---|---|"]
-    ends = {Path(d).name: _final_reward(Path(d), compute_key) for d in run_dirs}
+    ends = {name: float(c.reward[-3:].mean()) for name, c in loaded.items()}
     for d in run_dirs:
         name = Path(d).name
-        seed = name.rsplit("_s", 1)[-1]
-        ref = f"{reference}_s{seed}"
+        ref = f"{reference}_s{_variant_seed(name)[1]}"
         end = ends.get(name, float("nan"))
-        delta = f"{end - ends[ref]:+.3f}" if ref in ends and name != ref else ""
-        delta = "" if delta == "+nan" else delta
+        delta = f"{end - ends[ref]:+.3f}" if name in ends and ref in ends and name != ref else ""
         if name in unfit:
             lines.append(f"| {name} | {end:.3f} | {delta} | not fitted: {unfit[name]} | | | | |")
             continue
@@ -138,7 +130,7 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
             pa, pb = f"{pair[(ref, name)]['P_A1_gt_A2']:.2f}", f"{pair[(ref, name)]['P_B1_gt_B2']:.2f}"
         lines.append(f"| {name} | {end:.3f} | {delta} | {ci(stat(e, 'A'), '.3f')} | {ci(stat(e, 'B'), '.2f')} | "
                      f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
-    plot_curves(run_dirs, out, reference, compute_key)
+    plot_curves(loaded, out, reference, compute_key)
     lines += ["", "Figures in this directory: curves.png (each variant's reward curves over ScaleRL's, per seed), "
               "A_posteriors.png (ceiling densities), efficiency.png (log F(R) against log C: slope B), "
               "fit_<run>.png, table.png; report.md has every fit's detail.", ""]

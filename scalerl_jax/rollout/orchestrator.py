@@ -98,12 +98,10 @@ class RolloutProducer:
 
     def produce(self, index: int) -> RolloutBatch:
         with self.prompt_lock:
-            if hasattr(self.prompts, "get_state"):
-                self._drawn[index] = self.prompts.get_state()
+            self._drawn[index] = self.prompts.get_state()
             problems = self.prompts.next_batch(self.prompts_per_batch)
         groups, rewards, dt, n_tok, counts = self.generate_and_score(problems)
         return RolloutBatch(index, problems, groups, rewards, dt, n_tok, counts)
-
 
     def consumed(self, index: int) -> None:
         """The trainer is done with batch ``index`` (trained on it, or dropped it)."""

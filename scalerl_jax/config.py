@@ -1,7 +1,7 @@
 """Frozen configuration dataclasses for every part of a ScaleRL run.
 
 Experiments are Python files that build an :class:`ExperimentConfig`; command-line overrides map
-onto these fields. Defaults follow ../shared/RECIPE.md (the 8B recipe) unless a field says otherwise;
+onto these fields. Defaults follow docs/RECIPE.md (the 8B recipe) unless a field says otherwise;
 the tiny CPU preset lives in :mod:`scalerl_jax.models.presets` and ``experiments/math_8b.py``.
 """
 

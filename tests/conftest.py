@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); tests fail, not skip, without them
 
 
 @pytest.fixture

@@ -6,11 +6,10 @@ import os
 import pytest
 
 from scalerl_jax.data import DEFAULT_TEMPLATE, DataError, extract_gold, hash_answer, last_boxed, load_jsonl, make_prompt
+from tests.conftest import DATA
 
-DATA = "/work/shared/data"
 MATH500 = os.path.join(DATA, "math500.jsonl")
 GSM8K = os.path.join(DATA, "gsm8k_test.jsonl")
-needs_data = pytest.mark.skipif(not (os.path.exists(MATH500) and os.path.exists(GSM8K)), reason="shared data absent")
 
 
 def _count_lines(path):
@@ -18,7 +17,6 @@ def _count_lines(path):
         return sum(1 for line in f if line.strip())
 
 
-@needs_data
 def test_math500_loads():
     problems, skipped = load_jsonl(MATH500)
     assert skipped == 0
@@ -37,7 +35,6 @@ def test_math500_loads():
     assert all(p.answer for p in problems)
 
 
-@needs_data
 def test_gsm8k_loads():
     problems, skipped = load_jsonl(GSM8K, id_offset=1000)
     assert skipped == 0

@@ -1,7 +1,6 @@
 """Training prompt pipeline: deterministic per-epoch shuffles, exact resume, curriculum removal, validation."""
 
 import json
-import os
 
 import pytest
 
@@ -13,6 +12,7 @@ from scalerl_jax.data import (
     split_problems,
 )
 from scalerl_jax.data.tasks import Problem
+from tests.conftest import DATA
 
 
 class StandInCurriculum:
@@ -165,13 +165,12 @@ def test_split_problems_disjoint_by_prompt():
         split_problems(probs, 50, seed=0)
 
 
-@pytest.mark.skipif(not os.path.exists("/work/shared/data/gsm8k_test.jsonl"), reason="shared data absent")
 def test_jsonl_prompt_data():
-    data = build_prompt_data("jsonl", path="/work/shared/data/gsm8k_test.jsonl", val_size=100, seed=0)
+    data = build_prompt_data("jsonl", path=str(DATA / "gsm8k_test.jsonl"), val_size=100, seed=0)
     assert len(data.val) == 100 and len(data.train) + len(data.val) == 1319
     assert not {p.prompt for p in data.train} & {p.prompt for p in data.val}
     with pytest.raises(ValueError, match="val_size"):
-        build_prompt_data("jsonl", path="/work/shared/data/gsm8k_test.jsonl", val_size=5000)
+        build_prompt_data("jsonl", path=str(DATA / "gsm8k_test.jsonl"), val_size=5000)
 
 
 def test_with_real_npr_curriculum():

@@ -9,9 +9,7 @@ import pytest
 
 from scalerl_jax.data import CharTokenizer, Problem, arith_problem, load_jsonl
 from scalerl_jax.rewards import MathVerifier, arith_reward, extract_arith_answer, score, score_arith
-
-DATA = "/work/shared/data"
-needs_data = pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "gsm8k_test.jsonl")), reason="no shared data")
+from tests.conftest import DATA
 
 
 # -- arithmetic -------------------------------------------------------------------------------------------------
@@ -47,7 +45,6 @@ def _p(answer, pid=0):
     return Problem(prompt_id=pid, prompt="q", answer=answer, solution="", source="math")
 
 
-@needs_data
 def test_real_math500_golds(verifier):
     problems, _ = load_jsonl(os.path.join(DATA, "math500.jsonl"))
     problems = problems[:25]
@@ -65,7 +62,6 @@ def test_real_math500_golds(verifier):
     assert verifier.score(wrong, [a for a, b in wrong_pairs])[0].tolist() == [-1.0] * len(wrong_pairs)
 
 
-@needs_data
 def test_real_gsm8k_golds(verifier):
     problems, _ = load_jsonl(os.path.join(DATA, "gsm8k_test.jsonl"))
     problems = problems[:25]

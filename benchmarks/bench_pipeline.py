@@ -35,8 +35,8 @@ def main() -> None:
 
     import jax
 
-    from experiments.common import build_trainer
     from experiments.presets import smoke_plan
+    from experiments.run_path import build_trainer
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.metrics import read_metrics
@@ -67,7 +67,7 @@ def main() -> None:
         e = R(exp, out_dir=str(run_dir), rollout=R(exp.rollout, mode=mode, k=a.k),
               train=R(exp.train, steps=a.steps, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every))
         plan = R(base, exp=e)
-        trainer = build_trainer(plan, params, data, log=lambda s: None)
+        trainer = build_trainer(plan, params, data, tok=CharTokenizer(), log=lambda s: None)
         blocking = []
         save = trainer.ckpt.save
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from scalerl_jax.config import ConfigError, ExperimentConfig
 
@@ -29,7 +26,10 @@ class ExperimentPlan:
     warm_warmup: int = 50
     warm_unmarked_frac: float = 0.0  # warm-start targets that never mark a final answer (see tiny_plan)
     seq_len: int = 40  # tokens per training row (prompt + completion)
-    base_model: str | None = None  # HF checkpoint dir of the starting policy
+    base_model: str | None = None  # HF checkpoint dir of the starting policy (--model); None: the preset makes it
+    base_kind: str = "none"  # how the preset makes its base model: "char_arith", "word_arith" (see base_models.py)
+    n_problems: int = 20000  # word_arith: problems written to the preset's jsonl
+    bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
     n_trainer_devices: int = 1
     variant: str = "scalerl"
     model_preset: str = "llama3_8b"  # scalerl_jax.models.presets name the dry run AOT-compiles
@@ -89,53 +89,6 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
 # ---- the end-to-end run ------------------------------------------------------------------------------------
 
 
-def _length_control(exp: ExperimentConfig, encode):
-    from scalerl_jax.rollout.protocol import LengthControl
-
-    lc = exp.rollout.length
-    if lc.kind != "interruption":
-        return None
-    return LengthControl(think_end_ids=tuple(encode(lc.think_end)),
-                         interruption_ids=tuple(encode(lc.interruption_text)),
-                         budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)
-
-
-def _reward_transform(exp: ExperimentConfig):
-    lc = exp.rollout.length
-    if lc.kind != "penalty":
-        return None
-    from scalerl_jax.rewards.length_penalty import length_penalty
-
-    def transform(rewards: np.ndarray, completions) -> np.ndarray:
-        lengths = np.asarray([len(c.token_ids) for c in completions], np.float32)
-        return np.asarray(length_penalty(rewards, lengths, rewards > 0, lc.penalty_max_len, lc.penalty_cache))
-
-    return transform
-
-
-def build_trainer(plan: ExperimentPlan, params, data, *, resume: bool = False, score=None, log=print):
-    """An RLTrainer for ``plan`` over the char-tokenised synthetic task, with embedded JAX engines."""
-    import jax
-
-    from scalerl_jax.data.tokenizer import CharTokenizer
-    from scalerl_jax.rewards import score as default_score
-    from scalerl_jax.rollout.engine import JaxEngine
-    from scalerl_jax.train.trainer import RLTrainer
-
-    exp = plan.exp
-    tok = CharTokenizer()
-    params = jax.tree.map(np.asarray, params)
-    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
-    engine = JaxEngine(exp.model, params, max_batch=n_rows, max_len=plan.seq_len,
-                       decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed)
-    eval_engine = JaxEngine(exp.model, params, max_batch=min(1024, len(data.val) * exp.train.eval_samples),
-                            max_len=plan.seq_len, decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed + 1)
-    return RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score or default_score,
-                     pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=engine, eval_generator=eval_engine,
-                     length=_length_control(exp, tok.encode), seq_len=plan.seq_len, run_dir=exp.out_dir,
-                     resume=resume, reward_transform=_reward_transform(exp), log=log)
-
-
 WARM_HEAD_DTYPE = "float32"  # the supervised warm start always trains with ScaleRL's FP32 head
 
 
@@ -149,7 +102,10 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
         "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
                                  "val_size": exp.data.val_size},
         "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
-        "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac}, default=str))
+        "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
+        "base_kind": plan.base_kind, **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab,
+                                         "template": exp.data.template} if plan.base_kind == "word_arith" else {})},
+        default=str))
 
 
 def _json_diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -173,73 +129,6 @@ def _shared_warm_start(plan: ExperimentPlan, shared: Path) -> Path | None:
     return shared
 
 
-def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print,
-                   warm_dir: Path | None = None) -> dict[str, Any]:
-    """Warm start (tiny) -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir``.
-
-    ``warm_dir``: a warm start shared between runs (the leave-one-out variants of one seed). It is trained and
-    saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
-    """
-    from scalerl_jax.data.pipeline import build_prompt_data
-    from scalerl_jax.data.tokenizer import CharTokenizer
-    from scalerl_jax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint
-    from scalerl_jax.train.warmstart import warm_start
-
-    exp = plan.exp
-    run_dir = Path(exp.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
-    t_start = time.time()
-    if exp.data.source != "arith":
-        raise ConfigError("run_experiment on CPU supports the synthetic task (data.source='arith'); real math data "
-                          "needs an HF tokenizer and base model (the 8b preset on accelerators)")
-    tok = CharTokenizer()
-    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
-    mcfg = exp.model
-    ws_dir = Path(warm_dir) if warm_dir is not None else run_dir / "warmstart"
-    t0 = time.time()
-    shared = _shared_warm_start(plan, ws_dir) if warm_dir is not None else None
-    # a shared warm start is reused only once its key file marks it finished and matching
-    if shared is not None or (warm_dir is None and resume and (ws_dir / "config.json").exists()):
-        params, _ = load_hf_checkpoint(ws_dir)
-        log(f"[math_8b] reusing the warm start in {ws_dir}")
-        ws_seconds = 0.0
-    else:
-        log(f"[math_8b] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on "
-            f"{len(data.train)} synthetic problems")
-        params = warm_start(dataclasses.replace(mcfg, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
-                            eos_id=tok.eos_id, pad_id=tok.pad_id,
-                            seq_len=plan.seq_len, steps=plan.warm_steps, batch_size=plan.warm_batch, lr=plan.warm_lr,
-                            warmup=plan.warm_warmup, seed=exp.train.seed, log=log,
-                            log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)
-        save_hf_checkpoint(params, mcfg, ws_dir)  # a real HF checkpoint: the RL run's base model
-        if warm_dir is not None:  # written last: its presence marks the shared warm start finished
-            (ws_dir / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan), indent=2))
-        ws_seconds = time.time() - t0
-    trainer = build_trainer(plan, params, data, resume=resume, log=log)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.close()
-    summary["warmstart_seconds"] = ws_seconds
-    summary["warmstart_dir"] = str(ws_dir)
-    fit_summary = None
-    if fit:
-        from scalerl_jax.scaling.report import fit_runs
-
-        log("[math_8b] fitting the sigmoid law on the first half of the run's compute")
-        try:
-            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=0.5, num_samples=1000, num_chains=4)
-        except Exception as e:  # noqa: BLE001 -- a failed fit must not lose the run; the report says why
-            log(f"[math_8b] scaling fit failed: {type(e).__name__}: {e}")
-            fit_summary = {"error": f"{type(e).__name__}: {e}"}
-    summary["total_seconds"] = time.time() - t_start
-    summary["ok"] = True
-    (run_dir / "summary.json").write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
-    write_report(run_dir, plan, summary, fit_summary)
-    return summary
-
-
 def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary: dict | None) -> None:
     """report.md: what ran, the reward curve, the fit and how its half-compute prediction held up."""
     from scalerl_jax.metrics import read_metrics
@@ -253,12 +142,23 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
              f"{exp.rollout.prompts_per_batch} prompts x {exp.rollout.group_size} samples, LM head "
              f"{exp.model.head_dtype}, NPR {exp.data.npr}, length control {exp.rollout.length.kind}.", "",
              "## What happened", "",
-             f"- Warm start: {plan.warm_steps} supervised steps "
-             + (f"({summary['warmstart_seconds']:.0f}s)" if summary.get("warmstart_seconds")
-                else f"(reused from `{summary.get('warmstart_dir', 'warmstart')}`)")
-             + (f"; {plan.warm_unmarked_frac:.0%} of its targets work the scratchpad but never mark an answer "
-                "(`#Y`), so the warm-started policy often computes the answer without committing to it: what RL "
-                "has to learn." if plan.warm_unmarked_frac else "."),
+             (f"- Base model: `{plan.base_model}` (given with --model; no warm start)." if plan.base_model else
+              f"- Warm start: {plan.warm_steps} supervised steps "
+              + (f"({summary['warmstart_seconds']:.0f}s)" if summary.get("warmstart_seconds")
+                 else f"(reused from `{summary.get('warmstart_dir', 'warmstart')}`)")
+              + (f"; {plan.warm_unmarked_frac:.0%} of its targets stop before marking the final answer, so the "
+                 "warm-started policy often computes the answer without committing to it: what RL has to learn."
+                 if plan.warm_unmarked_frac else ".")),
+             f"- Data: {summary.get('n_train', '?')} training prompts, {summary.get('n_val', '?')} validation "
+             f"prompts ({exp.data.source}{' `' + exp.data.path + '`' if exp.data.path else ''}); prompts dropped "
+             f"as longer than the {exp.rollout.max_prompt_len}-token prompt budget: "
+             f"{summary.get('dropped_long_prompts', {}).get('train', 0)} train, "
+             f"{summary.get('dropped_long_prompts', {}).get('val', 0)} validation.",
+             "- Generators: " + (f"SGLang-API fleet ({summary.get('generator_devices', 0)} generator devices "
+                                  f"counted in compute beside {summary.get('trainer_devices', 1)} trainer devices; "
+                                  f"{summary.get('weight_pushes', 0)} weight pushes, last one "
+                                  f"{summary.get('weight_sync_bytes', 0) / 1e6:.1f} MB)."
+                                  if exp.rollout.engine == "sglang" else "the embedded JAX engine (in process)."),
              f"- RL: {summary['steps']} steps in {summary['wall_seconds']:.0f}s wall; compute "
              f"{summary['device_hours']:.4f} device-hours; {summary['gen_tokens']} generated tokens.",
              f"- Trainer busy {summary['trainer_busy_fraction']:.0%}, generator busy "

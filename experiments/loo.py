@@ -27,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common import apply_overrides, run_experiment
+from experiments.common import apply_overrides
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from experiments.run_path import run_experiment
 from scalerl_jax.config import ConfigError
 
 

@@ -29,11 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (
-    ExperimentPlan,
-    apply_overrides,
-    run_experiment,
-)
+from experiments.common import ExperimentPlan, apply_overrides
 from experiments.presets import PRESETS, VARIANTS, build_plan
 
 
@@ -55,9 +51,19 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     ap.add_argument("--dry-run", action="store_true", help="validate the configuration and AOT-compile the train "
                     "step on an abstract mesh (no accelerator, no weights), printing per-device memory")
     ap.add_argument("--model", default=None,
-                    help="HF checkpoint dir of the base model (real presets; LlamaForCausalLM or Llama4ForCausalLM)")
-    ap.add_argument("--data", default=None, help="jsonl (question/answer) training data (8b: Polaris format)")
-    ap.add_argument("--sglang-urls", nargs="*", default=None, help="SGLang generator URLs (or one sglang-router URL)")
+                    help="HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its "
+                         "tokenizer.json): replaces the preset's own base model (no warm start); the architecture "
+                         "comes from its config.json, the recipe from the preset")
+    ap.add_argument("--data", default=None,
+                    help="jsonl training data, one question/answer row per line (GSM8K, MATH-500 and Polaris field "
+                         "layouts are detected); data.val_size rows are held out for validation; see also "
+                         "--set data.template=... and --set data.chat_template=true")
+    ap.add_argument("--sglang-urls", nargs="*", default=None,
+                    help="generate with these SGLang servers (or one sglang-router URL in front of them) instead of "
+                         "the embedded engine; weights are pushed to them as HF checkpoints after every update")
+    ap.add_argument("--generators", type=int, default=None, metavar="N",
+                    help="start N local SGLang-API servers (python -m scalerl_jax.serve) behind a real "
+                         "sglang-router for this run and stop them at exit; 0: the embedded in-process engine")
     ap.add_argument("--no-fit", action="store_true", help="skip the scaling fit and report at the end")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a config field, e.g. train.lr=2e-4, rollout.k=4, loss.kind=dapo (repeatable)")
@@ -75,9 +81,17 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
         exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
     if args.data:
         exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
+    if args.sglang_urls and args.generators:
+        ap.error("give --sglang-urls (an existing fleet) or --generators N (start one), not both")
     if args.sglang_urls:
-        exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine="sglang",
+        exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine="sglang", local_servers=0,
                                                                    sglang_urls=tuple(args.sglang_urls)))
+    if args.generators is not None:
+        if args.generators < 0:
+            ap.error(f"--generators must be >= 0, got {args.generators}")
+        engine = "sglang" if args.generators else "embedded"
+        exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine=engine, sglang_urls=(),
+                                                                   local_servers=args.generators))
     exp = apply_overrides(exp, args.overrides)
     out = args.out or f"runs/{preset}{'' if args.variant == 'scalerl' else '_' + args.variant}_s{args.seed}"
     exp = dataclasses.replace(exp, out_dir=out)
@@ -94,8 +108,15 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
               f"needs accelerators; none are present. Run `{prog} --preset {cpu_preset}` on CPU, or "
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
         return 2
+    from experiments.run_path import run_experiment
+    from scalerl_jax.config import ConfigError
+
     t0 = time.time()
-    summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=not args.no_fit)
+    try:
+        summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=not args.no_fit)
+    except ConfigError as e:
+        print(f"[{prog.split('.')[-1]}] error: {e}", file=sys.stderr)
+        return 2
     print(f"[math_8b] done in {time.time() - t0:.0f}s; run directory {Path(out).resolve()}")
     print(f"[math_8b] read {Path(out) / 'report.md'}")
     return 0 if summary.get("ok", True) else 1

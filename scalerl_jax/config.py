@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DType = Literal["float32", "bfloat16"]
+DEFAULT_PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 class ConfigError(ValueError):
@@ -257,9 +258,13 @@ class RolloutConfig:
     max_new_tokens: int = 14336
     decode_chunk: int = 8  # tokens decoded between possible weight swaps
     length: LengthConfig = field(default_factory=LengthConfig)
-    engine: Literal["embedded", "sglang"] = "embedded"
-    sglang_urls: tuple[str, ...] = ()
-    n_generators: int = 1
+    engine: Literal["embedded", "sglang"] = "embedded"  # sglang: SGLang-API servers (sglang_urls or local ones)
+    sglang_urls: tuple[str, ...] = ()  # servers, or one sglang-router URL in front of them
+    local_servers: int = 0  # > 0: the experiment starts this many `scalerl_jax.serve` processes + sglang-router
+    weight_dtype: DType = "float32"  # dtype of the HF checkpoints exported to the fleet after every update
+    keep_exports: int = 3  # weight exports kept on disk (older ones are deleted)
+    request_timeout_s: float = 600.0  # one /generate call to a server
+    client_concurrency: int = 64  # /generate calls in flight from the trainer
 
     def __post_init__(self) -> None:
         _check(self.mode in ("pipeline", "ppo_off_policy"), f"RolloutConfig.mode: unknown {self.mode!r}")
@@ -267,6 +272,11 @@ class RolloutConfig:
         _check(self.group_size >= 2, f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
         _check(self.temperature > 0, f"RolloutConfig.temperature must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
+        _check(self.engine in ("embedded", "sglang"), f"RolloutConfig.engine: unknown {self.engine!r}")
+        _check(self.local_servers >= 0, f"RolloutConfig.local_servers must be >= 0, got {self.local_servers}")
+        _check(not (self.local_servers and self.sglang_urls),
+               "RolloutConfig: give sglang_urls (an existing fleet) or local_servers (start one), not both")
+        _check(self.keep_exports >= 1, f"RolloutConfig.keep_exports must be >= 1, got {self.keep_exports}")
 
 
 @dataclass(frozen=True)
@@ -275,6 +285,10 @@ class DataConfig:
 
     source: Literal["arith", "jsonl"] = "jsonl"
     path: str = ""
+    template: str = DEFAULT_PROMPT_TEMPLATE  # prompt text of a jsonl row; "{question}" is replaced
+    chat_template: bool = False  # wrap the templated question as a user message in the tokenizer's chat template
+    question_key: str | None = None  # jsonl field names (None: auto-detect, see scalerl_jax.data.jsonl)
+    answer_key: str | None = None
     n_train: int | None = None  # cap on training prompts (None: all not held out)
     val_size: int = 1000
     seed: int = 0

@@ -75,9 +75,10 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     after 8 / 16 / 24 / 32 on-policy steps at lr 1e-4 on 32 fixed prompts."""
     import dataclasses
 
-    from experiments.common import build_trainer
     from experiments.presets import build_plan
+    from experiments.run_path import build_trainer
     from scalerl_jax.data.pipeline import PromptData, build_prompt_data
+    from scalerl_jax.data.tokenizer import HFTokenizer
     from scalerl_jax.models import load_hf_checkpoint
 
     R = dataclasses.replace
@@ -88,7 +89,8 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
             train=R(exp.train, steps=32, lr=1e-4, eval_every=32, eval_samples=8, checkpoint_every=1000))
     fixed = build_prompt_data("arith", val_size=96, seed=0).train[:32]
     params, _ = load_hf_checkpoint(smoke_run / "warmstart")
-    trainer = build_trainer(R(plan, exp=exp), params, PromptData(train=fixed, val=fixed), log=lambda s: None)
+    trainer = build_trainer(R(plan, exp=exp), params, PromptData(train=fixed, val=fixed),
+                            tok=HFTokenizer(str(smoke_run / "warmstart")), log=lambda s: None)
     try:
         trainer.run()
     finally:

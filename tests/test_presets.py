@@ -7,10 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import apply_overrides, build_trainer
+from experiments.common import apply_overrides
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from experiments.run_path import build_trainer
 from scalerl_jax.config import ConfigError, LossConfig
 from scalerl_jax.data.pipeline import build_prompt_data
+from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.models import init_params
 
 R = dataclasses.replace
@@ -96,7 +98,7 @@ def test_every_variant_runs_a_few_steps(tmp_path):
                 train=R(exp.train, steps=2, eval_every=100, eval_samples=1, checkpoint_every=100))
         plan = R(plan, exp=exp)
         params = init_params(small, jax.random.key(0), std=0.5)
-        trainer = build_trainer(plan, params, data, score=_informative_score, log=lambda s: None)
+        trainer = build_trainer(plan, params, data, tok=CharTokenizer(), score=_informative_score, log=lambda s: None)
         try:
             summary = trainer.run()
         finally:

@@ -18,11 +18,12 @@ import json
 import os
 from collections.abc import Callable
 
+from scalerl_jax.config import DEFAULT_PROMPT_TEMPLATE
 from scalerl_jax.data.tasks import Problem
 
 QUESTION_KEYS = ("question", "problem", "prompt", "query", "input")
 ANSWER_KEYS = ("answer", "final_answer", "solution", "output", "target")
-DEFAULT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+DEFAULT_TEMPLATE = DEFAULT_PROMPT_TEMPLATE
 
 
 class DataError(ValueError):

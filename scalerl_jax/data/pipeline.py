@@ -13,7 +13,7 @@ with the curriculum's own state continues with exactly the same next prompt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -189,17 +189,20 @@ def build_prompt_data(
     seed: int = 0,
     skip_malformed: bool = False,
     n_train: int | None = None,
-    template: str = DEFAULT_TEMPLATE,
+    template: str | Callable[[str], str] = DEFAULT_TEMPLATE,
+    question_key: str | None = None,
+    answer_key: str | None = None,
 ) -> PromptData:
     """Training and validation problems for ``source`` ``"arith"`` (the synthetic task; ``n_train`` None = all
-    remaining problems) or ``"jsonl"`` (the file at ``path``). Arguments mirror :class:`scalerl_jax.config.DataConfig`
-    (see :func:`from_config`)."""
+    remaining problems) or ``"jsonl"`` (the file at ``path``; ``template`` a ``{question}`` string or a callable
+    question -> prompt). Arguments mirror :class:`scalerl_jax.config.DataConfig` (see :func:`from_config`)."""
     if source == "arith":
         train, val = arith_split(n_train, val_size, seed)
     elif source == "jsonl":
         if not path:
             raise ValueError("build_prompt_data: source 'jsonl' needs a path")
-        problems, _ = load_jsonl(path, template=template, skip_malformed=skip_malformed)
+        problems, _ = load_jsonl(path, template=template, skip_malformed=skip_malformed, question_key=question_key,
+                                 answer_key=answer_key)
         train, val = split_problems(problems, val_size, seed)
         if n_train is not None:
             train = train[:n_train]
@@ -208,9 +211,27 @@ def build_prompt_data(
     return PromptData(train=train, val=val, seed=seed)
 
 
+def drop_long_prompts(data: PromptData, n_tokens: Callable[[Problem], int], max_len: int
+                      ) -> tuple[PromptData, dict[str, int]]:
+    """``data`` without the problems whose prompt has more than ``max_len`` tokens (``n_tokens(problem)``), and
+    the counts dropped per split: a prompt that does not fit the prompt budget is never silently truncated."""
+    keep_train = [p for p in data.train if n_tokens(p) <= max_len]
+    keep_val = [p for p in data.val if n_tokens(p) <= max_len]
+    counts = {"train": len(data.train) - len(keep_train), "val": len(data.val) - len(keep_val)}
+    if not keep_train:
+        raise ValueError(f"every one of the {len(data.train)} training prompts is longer than the prompt budget "
+                         f"of {max_len} tokens (rollout.max_prompt_len)")
+    if data.val and not keep_val:
+        raise ValueError(f"every one of the {len(data.val)} validation prompts is longer than the prompt budget of "
+                         f"{max_len} tokens (rollout.max_prompt_len)")
+    return PromptData(train=keep_train, val=keep_val, seed=data.seed), counts
+
+
 def from_config(cfg, **kwargs) -> PromptData:
     """:func:`build_prompt_data` from a :class:`scalerl_jax.config.DataConfig` (extra keyword arguments such as
     ``n_train`` or ``template`` pass through)."""
+    kwargs.setdefault("template", cfg.template)
     return build_prompt_data(
-        cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed, **kwargs
+        cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed,
+        n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key, **kwargs
     )

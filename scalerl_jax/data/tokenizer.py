@@ -175,6 +175,8 @@ class HFTokenizer:
         stops = [self.eos_id, *cfg_eos, *gen_eos]
         self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(int(s) for s in stops))
         self._special = {i for i in (self.bos_id, self.pad_id, *self.stop_ids) if i is not None}
+        self.chat_template = _chat_template(directory, tok_cfg)
+        self._tok_cfg = tok_cfg
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` without added special tokens."""
@@ -190,9 +192,55 @@ class HFTokenizer:
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (``[{"role", "content"}, ...]``) under the directory's chat template,
+        rendered as transformers renders it (sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``, ``bos_token`` /
+        ``eos_token`` as text). The text may start with the bos token: callers must not prepend it again."""
+        if self.chat_template is None:
+            raise TokenizerError(f"HFTokenizer: {self.path!r} has no chat template (tokenizer_config.json "
+                                 "'chat_template' or chat_template.jinja); use a plain prompt template instead")
+        return _render_chat(self.chat_template, list(messages), add_generation_prompt, {
+            "bos_token": _token_content(self._tok_cfg.get("bos_token")) or "",
+            "eos_token": _token_content(self._tok_cfg.get("eos_token")) or "",
+            "pad_token": _token_content(self._tok_cfg.get("pad_token")) or ""})
+
     def token_to_id(self, token: str) -> int | None:
         """Id of a vocabulary entry (or None)."""
         return self._tok.token_to_id(token)
+
+
+def _chat_template(directory: str, tok_cfg: dict) -> str | None:
+    """The default chat template: ``chat_template.jinja`` (transformers >= 4.50 writes it there), else the
+    ``chat_template`` field (a string, or a list of ``{"name", "template"}`` of which "default" is used)."""
+    f = os.path.join(directory, "chat_template.jinja")
+    if os.path.isfile(f):
+        with open(f, encoding="utf-8") as fh:
+            return fh.read()
+    t = tok_cfg.get("chat_template")
+    if isinstance(t, list):
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        t = named.get("default") or next(iter(named.values()), None)
+    return t if isinstance(t, str) else None
+
+
+def _render_chat(template: str, messages: list[dict], add_generation_prompt: bool, special: dict) -> str:
+    import datetime
+
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TokenizerError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                **special)
+    except TemplateError as e:
+        raise TokenizerError(f"chat template could not be rendered: {e}") from e
 
 
 def batch_encode(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:

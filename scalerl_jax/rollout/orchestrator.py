@@ -73,7 +73,7 @@ class RolloutProducer:
         out = []
         for p in problems:
             ids = self.encode(p.prompt)
-            if self.bos_id is not None:
+            if self.bos_id is not None and ids[:1] != [self.bos_id]:  # a chat template may have written it
                 ids = [self.bos_id, *ids]
             out.append(GenerationRequest(prompt_ids=ids, params=sampling or self.sampling, length=self.length,
                                          request_id=str(p.prompt_id), meta={"prompt_id": p.prompt_id}))

@@ -4,8 +4,9 @@ metrics, checkpoints and resume. Scheduling (PipelineRL-k or PPO-off-policy-k) i
 
 Compute (the C of the scaling law) is device-seconds of the RL loop: wall time x devices in use
 (trainer and generators together, like the paper's GPU-hours), excluding the time spent in evaluation.
-The embedded engine shares the trainer's devices, so they count once. Analytic FLOPs are kept beside it,
-training (3 x forward) and generation (forward) separately.
+The embedded engine shares the trainer's devices, so they count once; a generator fleet adds the devices its
+servers report (``generator_devices``). Analytic FLOPs are kept beside it, training (3 x forward) and generation
+(forward) separately.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class RLTrainer:
         decode: Callable[[list[int]], str], score: Callable, pad_id: int, eos_ids: tuple[int, ...],
         generator: Generator, eval_generator: Generator, length: LengthControl | None, seq_len: int,
         run_dir: str | Path, resume: bool = False, bos_id: int | None = None, reward_transform=None,
-        n_devices: int | None = None, log: Callable[[str], None] = print,
+        n_devices: int | None = None, generator_devices: int = 0, log: Callable[[str], None] = print,
         on_batch: Callable[[int, RolloutBatch, Any, Any], None] | None = None,
     ) -> None:
         self.exp, self.log = exp, log
@@ -80,6 +81,8 @@ class RLTrainer:
         self.generator, self.eval_generator = generator, eval_generator
         self.data = data
         self.n_devices = n_devices or len(jax.devices())
+        self.generator_devices = int(generator_devices)  # 0: generation shares the trainer's devices
+        self.last_sync_s = 0.0
         self.counters = Counters()
         self.curriculum = NPRCurriculum(threshold=exp.data.npr_threshold, enabled=exp.data.npr)
         self.prompts = data.train_iterator(self.curriculum)
@@ -142,7 +145,14 @@ class RLTrainer:
 
     def _push_weights(self) -> None:
         # a copy: the train step donates (deletes) the state's buffers on its next call
+        t0 = time.perf_counter()
         self.generator.update_weights(jax.tree.map(jnp.copy, self.state.params), self.version)
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _generator_metrics(self) -> dict[str, float]:
+        """What the generation back-end reports per step (a fleet: push seconds and bytes, request counters)."""
+        fn = getattr(self.generator, "metrics", None)
+        return {k: v for k, v in fn().items() if k != "weight_sync_seconds"} if fn is not None else {}
 
     # ---- evaluation ----
 
@@ -162,7 +172,8 @@ class RLTrainer:
 
     def _compute_row(self) -> dict[str, float]:
         c = self.counters
-        return {"device_hours": c.compute_s * self.n_devices / 3600.0, "device_seconds": c.compute_s * self.n_devices,
+        devices = self.n_devices + self.generator_devices
+        return {"device_hours": c.compute_s * devices / 3600.0, "device_seconds": c.compute_s * devices,
                 "flops": c.flops_train + c.flops_gen, "flops_train": c.flops_train, "flops_gen": c.flops_gen}
 
     def _eval_row(self) -> None:
@@ -240,7 +251,8 @@ class RLTrainer:
             self._push_weights()
         t_clock()
         row = {"kind": "train", **base, **{k: float(v) for k, v in m.items()}, "step": int(self.state.step),
-               "batch_staleness": staleness, "step_seconds": dt, **self._compute_row()}
+               "batch_staleness": staleness, "step_seconds": dt, "weight_sync_seconds": self.last_sync_s,
+               **self._generator_metrics(), **self._compute_row()}
         self.metrics.write(row)
         self.last_train = row
         return True
@@ -295,6 +307,8 @@ class RLTrainer:
         wall = time.perf_counter() - wall0
         self.ckpt.wait()
         summary = {"steps": int(self.state.step), "wall_seconds": wall, "final_val_reward": self.last_val,
+                   "trainer_devices": self.n_devices, "generator_devices": self.generator_devices,
+                   **self._generator_metrics(),
                    "trainer_busy_fraction": self.counters.trainer_busy_s / max(wall, 1e-9),
                    "generator_busy_fraction": self.counters.generator_busy_s / max(wall, 1e-9),
                    **dataclasses.asdict(self.counters), **self._compute_row(),

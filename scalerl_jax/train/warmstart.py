@@ -25,7 +25,9 @@ def sft_arrays(problems: Sequence[Problem], encode: Callable[[str], list[int]], 
     tokens = np.full((len(problems), seq_len), pad_id, np.int32)
     mask = np.zeros((len(problems), seq_len), np.float32)
     for i, p in enumerate(problems):
-        pre = ([bos_id] if bos_id is not None else []) + encode(p.prompt)
+        pre = encode(p.prompt)
+        if bos_id is not None and pre[:1] != [bos_id]:  # a chat template may have written it
+            pre = [bos_id, *pre]
         sol = encode(p.solution) + [eos_id]
         seq = (pre + sol)[:seq_len]
         if len(pre) + len(sol) > seq_len:
@@ -38,18 +40,21 @@ def sft_arrays(problems: Sequence[Problem], encode: Callable[[str], list[int]], 
 def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, eos_id: int, pad_id: int,
                seq_len: int, steps: int, batch_size: int, lr: float, warmup: int, seed: int,
                log: Callable[[str], None] = print, log_path: str | Path | None = None, params=None,
-               unmarked_frac: float = 0.0):
+               unmarked_frac: float = 0.0, unmark: Callable[[str], str] | None = None):
     """Train from scratch (or from ``params``) for ``steps`` AdamW steps with warm-up + cosine. Returns params.
 
-    ``unmarked_frac``: the fraction of examples whose target works the scratchpad but never marks a final
-    answer (ends after ``a+X=Y``, no ``#Y``), which the verifier scores as no answer: the warm-started policy
-    then often computes the answer without committing to it, which RL has to learn (see ``tiny_plan``).
+    ``unmarked_frac``: the fraction of examples whose target is ``unmark(solution)``, a worked answer the verifier
+    scores as wrong. The default ``unmark`` (the tiny task) works the scratchpad but never marks a final answer
+    (ends after ``a+X=Y``, no ``#Y``): the warm-started policy then often computes the answer without committing
+    to it, which RL has to learn (see ``tiny_plan``). The word-problem task cuts after the first step instead
+    (:func:`scalerl_jax.data.word_arith.first_step_only`).
     """
     if not 0.0 <= unmarked_frac <= 1.0:
         raise ValueError(f"warm_start: unmarked_frac must be in [0, 1], got {unmarked_frac}")
     tokens, mask = sft_arrays(problems, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
     if unmarked_frac > 0:
-        unmarked = [dataclasses.replace(p, solution=p.solution.rsplit(THINK_MARKER, 1)[0]) for p in problems]
+        unmark = unmark or (lambda sol: sol.rsplit(THINK_MARKER, 1)[0])
+        unmarked = [dataclasses.replace(p, solution=unmark(p.solution)) for p in problems]
         u_tokens, u_mask = sft_arrays(unmarked, encode, eos_id, pad_id, seq_len, model_cfg.bos_token_id)
     tcfg = TrainConfig(lr=lr, warmup_steps=warmup, schedule="cosine", steps=steps, adam_eps=1e-8,
                        weight_decay=0.01, grad_clip=1.0)

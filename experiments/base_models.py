@@ -1,0 +1,149 @@
+"""The base model a run starts from: the user's HF directory (``--model``), or one a preset makes for itself.
+
+Either way the result is the same kind of directory (config.json + safetensors + tokenizer.json +
+tokenizer_config.json), and the rest of the run path reads only that directory: one path for every preset.
+
+Presets that make their own (``ExperimentPlan.base_kind``):
+
+- ``char_arith`` (tiny, smoke, the MoE twins): the 17-symbol character tokenizer and a supervised warm start on
+  the synthetic task ``a+b*c=`` (DESIGN.md "The tiny default").
+- ``word_arith`` (small): the same arithmetic written as English word problems with ``\\boxed{}`` answers
+  (:mod:`scalerl_jax.data.word_arith`) in a jsonl file, a byte-level BPE trained on that text with the
+  ``tokenizers`` library, and a supervised warm start on the question/answer rows: a small Llama that then goes
+  through ``--model``/``--data``/math-verify/SGLang-fleet exactly as a user's model would.
+
+A warm start is reused when the run is resumed, or when ``warm_dir`` (shared by the leave-one-out variants of one
+seed) holds one made for the same settings (``warmstart_key.json``; a mismatch is refused, naming the fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.common import WARM_HEAD_DTYPE, ExperimentPlan, _shared_warm_start, warm_start_key
+from scalerl_jax.config import ConfigError
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """Where the run's starting policy is, and the data a preset made beside it (None: the plan's own data)."""
+
+    dir: Path
+    data_path: str | None = None
+    seconds: float = 0.0  # time spent making it (0: given, or reused)
+    made: bool = False  # made by this run (a warm start ran)
+
+
+def check_model_dir(path: str | Path, flag: str = "--model") -> Path:
+    """An HF checkpoint directory the run can use, or a :class:`ConfigError` naming what is missing, before any
+    compute is spent."""
+    from scalerl_jax.models.hf_io import CheckpointError, config_from_hf
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"{flag} {path}: not a directory (expected an HF checkpoint directory with config.json, "
+                          "*.safetensors and tokenizer.json)")
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise ConfigError(f"{flag} {path}: no config.json in the directory")
+    try:
+        config_from_hf(json.loads(cfg.read_text()), str(cfg))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg}: invalid JSON ({e})") from e
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from e
+    if not list(p.glob("*.safetensors")):
+        raise ConfigError(f"{flag} {path}: no *.safetensors weights in the directory")
+    if not (p / "tokenizer.json").is_file():
+        raise ConfigError(f"{flag} {path}: no tokenizer.json in the directory (the run needs the tokenizer the "
+                          "model was trained with; save it beside the weights, e.g. tokenizer.save_pretrained(DIR))")
+    return p
+
+
+def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None = None, resume: bool = False,
+                 log=print) -> BaseModel:
+    """The run's base model directory: ``plan.base_model`` when given, else the one the preset makes (trained
+    now, or reused from ``run_dir/warmstart`` on resume, or from ``warm_dir`` when shared)."""
+    if plan.base_model:
+        return BaseModel(check_model_dir(plan.base_model))
+    if plan.base_kind == "none":
+        raise ConfigError(f"preset {plan.exp.name!r} does not make its own base model: pass --model HF_DIR (an HF "
+                          "checkpoint directory with its tokenizer.json)")
+    ws_dir = Path(warm_dir) if warm_dir is not None else run_dir / "warmstart"
+    data_path = str(ws_dir / "word_arith.jsonl") if plan.base_kind == "word_arith" else None
+    shared = _shared_warm_start(plan, ws_dir) if warm_dir is not None else None
+    # a shared warm start is reused only once its key file marks it finished and matching
+    if shared is not None or (warm_dir is None and resume and (ws_dir / "tokenizer.json").exists()
+                              and (ws_dir / "config.json").exists()):
+        log(f"[base] reusing the warm start in {ws_dir}")
+        return BaseModel(ws_dir, data_path)
+    t0 = time.time()
+    if plan.base_kind == "char_arith":
+        _make_char_arith(plan, ws_dir, run_dir, log)
+    elif plan.base_kind == "word_arith":
+        _make_word_arith(plan, ws_dir, run_dir, log)
+    else:
+        raise ConfigError(f"ExperimentPlan.base_kind: unknown {plan.base_kind!r}")
+    if warm_dir is not None:  # written last: its presence marks the shared warm start finished
+        (ws_dir / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan), indent=2))
+    return BaseModel(ws_dir, data_path, seconds=time.time() - t0, made=True)
+
+
+def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> None:
+    from scalerl_jax.data.pipeline import build_prompt_data
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from scalerl_jax.data.tokenizer_build import save_char_tokenizer
+    from scalerl_jax.models.hf_io import save_hf_checkpoint
+    from scalerl_jax.train.warmstart import warm_start
+
+    exp = plan.exp
+    save_char_tokenizer(ws_dir, model_max_length=exp.model.max_seq_len)
+    tok = HFTokenizer(str(ws_dir))
+    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
+    log(f"[base] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(data.train)} synthetic "
+        "problems")
+    params = warm_start(dataclasses.replace(exp.model, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
+                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
+                        batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
+                        log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)
+    save_hf_checkpoint(params, exp.model, ws_dir)  # a real HF checkpoint: the RL run's base model
+
+
+def word_arith_model(plan: ExperimentPlan, tok) -> object:
+    """The preset's model config with the vocabulary and special ids of the tokenizer trained for it."""
+    return dataclasses.replace(plan.exp.model, vocab_size=tok.vocab_size, bos_token_id=tok.bos_id,
+                               eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+
+
+def _make_word_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> None:
+    from scalerl_jax.data.pipeline import build_prompt_data
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
+    from scalerl_jax.data.word_arith import corpus, first_step_only, word_arith_rows, write_jsonl
+    from scalerl_jax.models.hf_io import save_hf_checkpoint
+    from scalerl_jax.train.warmstart import warm_start
+
+    exp = plan.exp
+    ws_dir.mkdir(parents=True, exist_ok=True)
+    rows = word_arith_rows(plan.n_problems, seed=exp.data.seed)
+    data_path = write_jsonl(rows, ws_dir / "word_arith.jsonl")
+    train_bpe_tokenizer(corpus(rows, exp.data.template), ws_dir, vocab_size=plan.bpe_vocab,
+                        model_max_length=plan.seq_len)
+    tok = HFTokenizer(str(ws_dir))
+    mcfg = word_arith_model(plan, tok)
+    # the RL run's own split of the same file: the warm start never sees a validation problem
+    data = build_prompt_data("jsonl", path=str(data_path), val_size=exp.data.val_size, seed=exp.data.seed,
+                             template=exp.data.template)
+    log(f"[base] wrote {len(rows)} word problems to {data_path}; BPE tokenizer of {tok.vocab_size} tokens; "
+        f"supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(data.train)} problems "
+        f"({mcfg.num_params() / 1e6:.2f}M parameters)")
+    params = warm_start(dataclasses.replace(mcfg, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
+                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
+                        batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
+                        log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac,
+                        unmark=first_step_only)
+    save_hf_checkpoint(params, mcfg, ws_dir)

@@ -1,0 +1,296 @@
+"""The one run path every preset walks: base model -> prompts -> generators -> trainer -> fit -> report.
+
+    base model   an HF directory (config.json + safetensors + tokenizer.json): ``--model``, or the one the preset
+                 makes (:mod:`experiments.base_models`); the architecture comes from its config.json, the preset
+                 supplies the recipe and the numerics (dtypes, remat, attention chunk, MoE dispatch)
+    prompts      jsonl (``--data``: question/answer rows, a prompt template or the tokenizer's chat template) or
+                 the synthetic task; prompts over ``rollout.max_prompt_len`` tokens are dropped and counted
+    generators   the embedded JAX engine in process, or SGLang-API servers over HTTP: ``--sglang-urls`` (a fleet
+                 or its router) or ``--generators N`` (N local ``scalerl_jax.serve`` processes + a real
+                 ``sglang-router``, started and stopped by the run); weights reach them as HF checkpoints pushed
+                 in flight after every update (:class:`~scalerl_jax.rollout.remote.RemoteGenerator`)
+    rewards      exact match (the synthetic task) or math-verify (everything else), by each problem's source
+    trainer      :class:`~scalerl_jax.train.trainer.RLTrainer` (PipelineRL-k / PPO-off-policy-k, checkpoints)
+
+Every input is checked before compute is spent: a model directory without tokenizer.json, a malformed jsonl row
+(file:line), an unreachable server URL each stop the run with an error naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.base_models import BaseModel, prepare_base
+from experiments.common import ExperimentPlan, write_report
+from scalerl_jax.config import ConfigError, ExperimentConfig, ModelConfig
+
+R = dataclasses.replace
+
+# ModelConfig fields a preset decides whatever checkpoint it starts from (how to compute, not what the model is)
+NUMERICS = ("dtype", "param_dtype", "head_dtype", "remat", "attn_chunk", "moe_impl", "moe_capacity_factor")
+
+
+def model_from_checkpoint(preset: ModelConfig, ckpt: ModelConfig) -> ModelConfig:
+    """The checkpoint's architecture with the preset's numerics (``NUMERICS``)."""
+    return R(ckpt, **{f: getattr(preset, f) for f in NUMERICS})
+
+
+# ---- inputs, checked before compute ------------------------------------------------------------------------
+
+
+def check_urls(urls: tuple[str, ...], timeout_s: float = 10.0) -> None:
+    """Every SGLang URL answers ``GET /health`` (servers) or lists workers (a router); else a ConfigError naming
+    the URL."""
+    import httpx
+
+    for url in urls:
+        u = url.rstrip("/")
+        try:
+            r = httpx.get(u + "/health", timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise ConfigError(f"--sglang-urls {url}: unreachable ({type(e).__name__}: {e}); start the SGLang "
+                              "server or router first, or use --generators N to start local ones") from None
+        if r.status_code != 200:
+            raise ConfigError(f"--sglang-urls {url}: GET /health answered HTTP {r.status_code}: {r.text[:200]}")
+
+
+def check_inputs(plan: ExperimentPlan) -> None:
+    """Model directory, data file and server URLs, before any compute is spent."""
+    from experiments.base_models import check_model_dir
+    from scalerl_jax.data.jsonl import DataError, load_jsonl
+
+    exp = plan.exp
+    if plan.base_model:
+        check_model_dir(plan.base_model)
+    if exp.data.source == "jsonl" and exp.data.path:
+        if not Path(exp.data.path).is_file():
+            raise ConfigError(f"--data {exp.data.path}: no such file")
+        try:
+            load_jsonl(exp.data.path, skip_malformed=exp.data.skip_malformed, question_key=exp.data.question_key,
+                       answer_key=exp.data.answer_key)
+        except DataError as e:
+            raise ConfigError(f"--data: {e} (set data.skip_malformed=true to skip such rows)") from None
+    elif exp.data.source == "jsonl" and plan.base_kind != "word_arith":
+        raise ConfigError(f"preset {exp.name!r} reads jsonl data: pass --data FILE.jsonl (question/answer rows)")
+    ro = exp.rollout
+    if ro.engine == "sglang" and not ro.sglang_urls and not ro.local_servers:
+        raise ConfigError("rollout.engine='sglang' needs --sglang-urls URL [URL ...] or --generators N")
+    if ro.sglang_urls:
+        check_urls(ro.sglang_urls)
+    total = ro.max_prompt_len + ro.max_new_tokens
+    if total > plan.seq_len:
+        raise ConfigError(f"rollout.max_prompt_len {ro.max_prompt_len} + rollout.max_new_tokens {ro.max_new_tokens} "
+                          f"= {total} exceeds the training row length seq_len {plan.seq_len}")
+
+
+# ---- prompts -----------------------------------------------------------------------------------------------
+
+
+def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
+    """Training and validation problems rendered for ``tok`` (template or chat template), without the ones over
+    the prompt budget; returns (PromptData, dropped counts)."""
+    from scalerl_jax.data.jsonl import make_prompt
+    from scalerl_jax.data.pipeline import drop_long_prompts, from_config
+
+    dc = exp.data
+    if dc.source == "arith":
+        data = from_config(dc)
+    else:
+        if dc.chat_template:
+            def render(q: str) -> str:
+                return tok.apply_chat_template([{"role": "user", "content": make_prompt(q, dc.template)}])
+        else:
+            def render(q: str) -> str:
+                return make_prompt(q, dc.template)
+        data = from_config(dc, template=render)
+
+    def n_tokens(p) -> int:
+        ids = tok.encode(p.prompt)
+        return len(ids) + (bos_id is not None and ids[:1] != [bos_id])
+
+    data, dropped = drop_long_prompts(data, n_tokens, exp.rollout.max_prompt_len)
+    if dropped["train"] or dropped["val"]:
+        log(f"[data] dropped {dropped['train']} training and {dropped['val']} validation prompts longer than "
+            f"rollout.max_prompt_len = {exp.rollout.max_prompt_len} tokens (never truncated)")
+    log(f"[data] {len(data.train)} training prompts, {len(data.val)} held out for validation "
+        f"({dc.source}{': ' + dc.path if dc.path else ''})")
+    return data, dropped
+
+
+# ---- generators --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Generators:
+    """The train and eval generators of a run, the generator devices to count, and what to close at the end."""
+
+    train: Any
+    eval: Any
+    devices: int = 0  # 0: they share the trainer's devices
+    fleet: Any = None
+    stack: ExitStack = field(default_factory=ExitStack)
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def length_control(exp: ExperimentConfig, encode):
+    from scalerl_jax.rollout.protocol import LengthControl
+
+    lc = exp.rollout.length
+    if lc.kind != "interruption":
+        return None
+    return LengthControl(think_end_ids=tuple(encode(lc.think_end)),
+                         interruption_ids=tuple(encode(lc.interruption_text)),
+                         budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)
+
+
+def reward_transform(exp: ExperimentConfig):
+    lc = exp.rollout.length
+    if lc.kind != "penalty":
+        return None
+    from scalerl_jax.rewards.length_penalty import length_penalty
+
+    def transform(rewards: np.ndarray, completions) -> np.ndarray:
+        lengths = np.asarray([len(c.token_ids) for c in completions], np.float32)
+        return np.asarray(length_penalty(rewards, lengths, rewards > 0, lc.penalty_max_len, lc.penalty_cache))
+
+    return transform
+
+
+def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run_dir: Path, n_val: int,
+                     length=None, log=print) -> Generators:
+    """The generation back-end ``plan.exp.rollout`` asks for (see the module docstring)."""
+    exp = plan.exp
+    ro = exp.rollout
+    if ro.engine == "embedded" and not ro.local_servers:
+        import jax
+
+        from scalerl_jax.rollout.engine import JaxEngine
+
+        host = jax.tree.map(np.asarray, params)
+        n_rows = ro.prompts_per_batch * ro.group_size
+        train = JaxEngine(exp.model, host, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=ro.decode_chunk,
+                          seed=exp.train.seed)
+        ev = JaxEngine(exp.model, host, max_batch=min(1024, n_val * exp.train.eval_samples), max_len=plan.seq_len,
+                       decode_chunk=ro.decode_chunk, seed=exp.train.seed + 1)
+        return Generators(train, ev)
+    from scalerl_jax.rollout.remote import RemoteGenerator
+    from scalerl_jax.rollout.sglang_client import SGLangGenerator
+
+    if base_dir is None:
+        raise ConfigError("an SGLang fleet needs the base model as an HF directory (with tokenizer.json)")
+    gens = Generators(None, None)
+    urls = tuple(ro.sglang_urls)
+    if ro.local_servers:
+        from scalerl_jax.rollout.fleet import LocalFleet
+
+        fleet = LocalFleet(base_dir, ro.local_servers, log_dir=run_dir / "fleet",
+                           max_batch=ro.prompts_per_batch * ro.group_size, max_len=plan.seq_len,
+                           decode_chunk=ro.decode_chunk, seed=exp.train.seed, log=log)
+        gens.stack.callback(fleet.stop)
+        fleet.start()
+        gens.fleet = fleet
+        urls = (fleet.url,)
+    client = SGLangGenerator(list(urls), length=length, timeout_s=ro.request_timeout_s,
+                             concurrency=ro.client_concurrency, seed=exp.train.seed)
+    remote = RemoteGenerator(client, exp.model, export_dir=run_dir / "weights", tokenizer_dir=base_dir,
+                             keep=ro.keep_exports, dtype=ro.weight_dtype, fleet=gens.fleet)
+    gens.stack.callback(remote.close)
+    gens.train = gens.eval = remote  # one fleet: eval pushes are no-ops at the version already held
+    gens.devices = remote.device_count()
+    log(f"[fleet] generating through {', '.join(urls)} ({gens.devices} generator device(s) counted in compute)")
+    return gens
+
+
+# ---- trainer -----------------------------------------------------------------------------------------------
+
+
+def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Generators | None = None,
+                  base_dir: Path | None = None, resume: bool = False, score=None, log=print):
+    """An RLTrainer for ``plan`` over ``data``, tokenised by ``tok``, generating with ``generators`` (built here
+    from ``plan.exp.rollout`` when None)."""
+    from scalerl_jax.rewards import score as default_score
+    from scalerl_jax.train.trainer import RLTrainer
+
+    exp = plan.exp
+    run_dir = Path(exp.out_dir)
+    length = length_control(exp, tok.encode)
+    gens = generators or build_generators(plan, params, base_dir=base_dir, run_dir=run_dir, n_val=len(data.val),
+                                          length=length, log=log)
+    return RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score or default_score,
+                     pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=gens.train, eval_generator=gens.eval,
+                     length=length, seq_len=plan.seq_len, run_dir=run_dir, resume=resume,
+                     bos_id=getattr(tok, "bos_id", None), reward_transform=reward_transform(exp),
+                     generator_devices=gens.devices, log=log)
+
+
+# ---- the end-to-end run ------------------------------------------------------------------------------------
+
+
+def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print,
+                   warm_dir: Path | None = None) -> dict[str, Any]:
+    """Base model -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir`` (see the module docstring).
+
+    ``warm_dir``: a warm start shared between runs (the leave-one-out variants of one seed). It is trained and
+    saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
+    """
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from scalerl_jax.models.hf_io import load_hf_checkpoint
+
+    t_start = time.time()
+    run_dir = Path(plan.exp.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_inputs(plan)
+    base: BaseModel = prepare_base(plan, run_dir, warm_dir=warm_dir, resume=resume, log=log)
+    params, ckpt_cfg = load_hf_checkpoint(base.dir)
+    exp = plan.exp
+    data_cfg = exp.data
+    if base.data_path is not None and not exp.data.path:
+        data_cfg = R(exp.data, source="jsonl", path=base.data_path)
+    exp = R(exp, model=model_from_checkpoint(exp.model, ckpt_cfg), data=data_cfg)
+    plan = R(plan, exp=exp)
+    tok = HFTokenizer(str(base.dir))
+    if tok.vocab_size > exp.model.vocab_size:
+        raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
+                          f"{exp.model.vocab_size}")
+    (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(exp), "base_model": str(base.dir)},
+                                                    indent=2, default=str))
+    data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
+    log(f"[base] {base.dir}: {exp.model.arch} {exp.model.num_params() / 1e6:.2f}M parameters, tokenizer of "
+        f"{tok.vocab_size} tokens")
+    with ExitStack() as stack:
+        gens = build_generators(plan, params, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
+                                length=length_control(exp, tok.encode), log=log)
+        stack.callback(gens.close)
+        trainer = build_trainer(plan, params, data, tok=tok, generators=gens, resume=resume, log=log)
+        stack.callback(trainer.close)
+        trainer.metrics.write({"kind": "data", "step": int(trainer.state.step), "n_train": len(data.train),
+                               "n_val": len(data.val), "dropped_long_prompts_train": dropped["train"],
+                               "dropped_long_prompts_val": dropped["val"]})
+        summary = trainer.run()
+    summary.update(warmstart_seconds=base.seconds, warmstart_dir=str(base.dir), base_model=str(base.dir),
+                   base_made=base.made, dropped_long_prompts=dropped, n_train=len(data.train), n_val=len(data.val))
+    fit_summary = None
+    if fit:
+        from scalerl_jax.scaling.report import fit_runs
+
+        log("[run] fitting the sigmoid law on the first half of the run's compute")
+        try:
+            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=0.5, num_samples=1000, num_chains=4)
+        except Exception as e:  # noqa: BLE001 -- a failed fit must not lose the run; the report says why
+            log(f"[run] scaling fit failed: {type(e).__name__}: {e}")
+            fit_summary = {"error": f"{type(e).__name__}: {e}"}
+    summary["total_seconds"] = time.time() - t_start
+    summary["ok"] = True
+    (run_dir / "summary.json").write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
+    write_report(run_dir, plan, summary, fit_summary)
+    return summary

@@ -1,0 +1,90 @@
+"""Word-problem arithmetic: the tiny task's ``a + b * c`` rendered as English question/answer rows with a
+``\\boxed{}`` final answer, written as jsonl (the ``small`` preset's data, loaded by the same
+:func:`~scalerl_jax.data.jsonl.load_jsonl` and scored by the same math-verify reward as any real math set).
+
+    question  "Mia has 7 pens. She buys 12 boxes with 3 pens in each box. How many pens does Mia have now?"
+    answer    "12*3=36. 7+36=43. \\boxed{43}"
+
+The problem space is the tiny task's (a in 0..99, b in 2..99, c in 2..9), each triple under one of several
+phrasings chosen by the triple itself, so a triple has exactly one question text and the train/validation split
+(:func:`~scalerl_jax.data.pipeline.split_problems`, by prompt text) never leaks a triple.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from scalerl_jax.data.tasks import ARITH_SPACE, arith_triple
+
+_NAMES = [("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He")]
+_ITEMS = [("pens", "box", "boxes"), ("apples", "bag", "bags"), ("stamps", "page", "pages"),
+          ("cards", "pack", "packs"), ("coins", "jar", "jars"), ("shells", "bucket", "buckets")]
+_TEMPLATES = [
+    "{name} has {a} {items}. {pron} buys {b} {boxes} with {c} {items} in each {box}. "
+    "How many {items} does {name} have now?",
+    "A shop had {a} {items} and got {b} {boxes} of {c} {items} each. How many {items} does the shop have now?",
+    "{name} starts with {a} {items} and gets {c} more {items} every day for {b} days. "
+    "How many {items} does {name} have at the end?",
+]
+
+
+def question_text(a: int, b: int, c: int, pid: int) -> str:
+    """The English question of triple ``(a, b, c)`` with id ``pid`` (its phrasing is a function of the id)."""
+    name, pron = _NAMES[pid % len(_NAMES)]
+    items, box, boxes = _ITEMS[(pid // len(_NAMES)) % len(_ITEMS)]
+    t = _TEMPLATES[(pid // (len(_NAMES) * len(_ITEMS))) % len(_TEMPLATES)]
+    return t.format(name=name, pron=pron, items=items, box=box, boxes=boxes, a=a, b=b, c=c)
+
+
+def solution_text(a: int, b: int, c: int) -> str:
+    """The worked answer: the product, the sum, then the boxed result."""
+    x = b * c
+    return f"{b}*{c}={x}. {a}+{x}={a + x}. \\boxed{{{a + x}}}"
+
+
+def first_step_only(solution: str) -> str:
+    """The solution cut after its first step (``"12*3=36."``): a worked answer that stops before the result, which
+    the math-verify reward scores as wrong (it reads the last number, the product). The ``small`` preset's warm
+    start trains on a share of these so that its policy often stops early: what RL has to unlearn."""
+    i = solution.find(". ")
+    return solution if i < 0 else solution[: i + 1]
+
+
+def word_arith_rows(n: int, seed: int) -> list[dict]:
+    """``n`` distinct problems (without replacement, drawn by ``seed``) as ``{"id", "question", "answer"}`` rows."""
+    if not 0 < n <= ARITH_SPACE:
+        raise ValueError(f"word_arith_rows: n must be in [1, {ARITH_SPACE}], got {n}")
+    ids = np.random.default_rng(np.random.SeedSequence([int(seed), 0x574F5244])).permutation(ARITH_SPACE)[:n]
+    rows = []
+    for pid in ids.tolist():
+        a, b, c = arith_triple(pid)
+        rows.append({"id": pid, "question": question_text(a, b, c, pid), "answer": solution_text(a, b, c)})
+    return rows
+
+
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
+    """Write rows as jsonl (atomically: a temporary file renamed into place). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def corpus(rows: Sequence[dict], template: str) -> list[str]:
+    """The text a tokenizer for these rows is trained on: every prompt (``template`` applied) and answer."""
+    from scalerl_jax.data.jsonl import make_prompt
+
+    texts = []
+    for r in rows:
+        texts.append(make_prompt(r["question"], template))
+        texts.append(r["answer"])
+        texts.append(first_step_only(r["answer"]))
+    return texts

@@ -1,0 +1,138 @@
+"""The :class:`~scalerl_jax.rollout.protocol.Generator` protocol over an SGLang fleet, taking params like the
+embedded engine does.
+
+The trainer hands every back-end the same thing, a params pytree and its version; this adapter turns it into what
+SGLang servers need. :meth:`RemoteGenerator.update_weights` writes the params as an HF checkpoint directory
+(safetensors + config.json + the base model's tokenizer files) under ``export_dir/v<version>``, then has the
+client push it to every server in flight (``pause_generation(in_place)`` -> ``update_weights_from_disk`` ->
+``continue_generation``, see :mod:`scalerl_jax.rollout.sglang_client`). Only the newest ``keep`` exports are kept;
+a local fleet (:class:`~scalerl_jax.rollout.fleet.LocalFleet`) is told the newest one so that a server it restarts
+comes back with current weights. Pushing a version the fleet already holds is a no-op, so the train and eval sides
+can share one fleet.
+
+``metrics()`` reports what the trainer logs per step: the last push's seconds and bytes, pushes so far, and the
+client's request counters (attempts, retries, failovers, re-sent requests, tokens per server).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.rollout.protocol import Completion, GenerationRequest
+
+
+class RemoteGenerator:
+    """Generator protocol over an :class:`~scalerl_jax.rollout.sglang_client.SGLangGenerator` (see the module
+    docstring). ``dtype``: the exported checkpoint's tensor dtype ("float32" keeps the generator's log-probs equal
+    to the trainer's on our CPU servers; "bfloat16" is what SGLang serves at scale)."""
+
+    def __init__(self, client: Any, model_cfg: ModelConfig, *, export_dir: str | Path, tokenizer_dir: str | Path,
+                 keep: int = 3, dtype: str = "float32", fleet: Any = None, devices: int | None = None) -> None:
+        if keep < 1:
+            raise ValueError(f"RemoteGenerator: keep must be >= 1, got {keep}")
+        self.client = client
+        self.cfg = model_cfg
+        self.export_dir = Path(export_dir)
+        self.tokenizer_dir = Path(tokenizer_dir)
+        self.keep, self.dtype, self.fleet = int(keep), dtype, fleet
+        self._devices = devices
+        self._lock = threading.Lock()  # one push at a time (the trainer's; eval shares the fleet)
+        self._pushed: int | None = None
+        self._exports: list[Path] = []
+        self.sync = {"weight_sync_seconds": 0.0, "weight_sync_export_seconds": 0.0, "weight_sync_bytes": 0,
+                     "weight_pushes": 0, "weight_sync_total_seconds": 0.0}
+
+    # ---- Generator protocol ----
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        return self.client.generate(requests)
+
+    @property
+    def weight_version(self) -> int:
+        return self.client.weight_version
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Export ``weights`` (a params pytree, or an HF directory already on disk) as version ``version`` and push
+        it to every server; a no-op when the fleet already holds ``version``."""
+        from scalerl_jax.data.tokenizer_build import copy_tokenizer_files
+        from scalerl_jax.models.hf_io import save_hf_checkpoint
+
+        version = int(version)
+        with self._lock:
+            if self._pushed == version:
+                return
+            t0 = time.perf_counter()
+            if isinstance(weights, (str, Path)):
+                path = Path(weights)
+            else:
+                path = self.export_dir / f"v{version:07d}"
+                save_hf_checkpoint(weights, self.cfg, path, dtype=self.dtype)
+                copy_tokenizer_files(self.tokenizer_dir, path)
+            t1 = time.perf_counter()
+            self.client.update_weights(str(path), version)
+            t2 = time.perf_counter()
+            if self.fleet is not None:
+                self.fleet.set_current_weights(str(path), version)
+            self._pushed = version
+            if not isinstance(weights, (str, Path)):
+                self._exports.append(path)
+                while len(self._exports) > self.keep:
+                    shutil.rmtree(self._exports.pop(0), ignore_errors=True)
+            self.sync.update(weight_sync_seconds=t2 - t0, weight_sync_export_seconds=t1 - t0,
+                             weight_sync_bytes=sum(f.stat().st_size for f in path.glob("*.safetensors")))
+            self.sync["weight_pushes"] += 1
+            self.sync["weight_sync_total_seconds"] += t2 - t0
+
+    # ---- what the trainer reads besides the protocol ----
+
+    def reseed(self, seed: int) -> None:
+        """Re-seed what the client draws itself (thinking budgets of client-side interruption); the servers'
+        sampling is their own."""
+        if hasattr(self.client, "reseed"):
+            self.client.reseed(seed)
+        elif hasattr(self.client, "_rng"):
+            import random
+
+            self.client._rng = random.Random(seed)
+
+    def device_count(self) -> int:
+        """Generator devices the fleet uses (counted in the run's compute)."""
+        if self._devices is not None:
+            return int(self._devices)
+        for owner, name in ((self.fleet, "device_count"), (self.client, "device_count")):
+            fn = getattr(owner, name, None) if owner is not None else None
+            if fn is not None:
+                return int(fn())
+        return len(getattr(self.client, "urls", ())) or 1
+
+    def metrics(self) -> dict[str, float]:
+        """Per-step numbers for the train rows: the last push and the client's cumulative counters."""
+        out: dict[str, float] = dict(self.sync)
+        snap = getattr(self.client, "stats_snapshot", None)
+        stats = snap() if snap is not None else dict(getattr(self.client, "stats", {}))
+        for k, v in stats.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"client_{k}"] = v
+            elif isinstance(v, dict):  # per-server counters: {url: {tokens, busy_s, ...}}
+                for url, d in v.items():
+                    if isinstance(d, dict):
+                        for kk, vv in d.items():
+                            if isinstance(vv, (int, float)) and not isinstance(vv, bool):
+                                out[f"server_{_short(url)}_{kk}"] = vv
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            close()
+
+
+def _short(url: str) -> str:
+    """``http://127.0.0.1:30001`` -> ``127.0.0.1:30001`` (metric names stay readable)."""
+    return url.split("://", 1)[-1].rstrip("/")

@@ -54,7 +54,7 @@ def tiny_plan(seed: int = 0) -> ExperimentPlan:
                           warm_unmarked_frac=0.6, seq_len=40, base_kind="char_arith")
 
 
-SMALL_TEMPLATE = "{question} Put the answer in \\boxed{}."
+SMALL_TEMPLATE = "{question} Answer in \\boxed{}."
 
 
 def small_plan(seed: int = 0) -> ExperimentPlan:

@@ -116,7 +116,10 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
         ids = tok.encode(p.prompt)
         return len(ids) + (bos_id is not None and ids[:1] != [bos_id])
 
-    data, dropped = drop_long_prompts(data, n_tokens, exp.rollout.max_prompt_len)
+    try:
+        data, dropped = drop_long_prompts(data, n_tokens, exp.rollout.max_prompt_len)
+    except ValueError as e:
+        raise ConfigError(f"{dc.path or dc.source}: {e}") from None
     if dropped["train"] or dropped["val"]:
         log(f"[data] dropped {dropped['train']} training and {dropped['val']} validation prompts longer than "
             f"rollout.max_prompt_len = {exp.rollout.max_prompt_len} tokens (never truncated)")

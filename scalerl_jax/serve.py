@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 
@@ -49,11 +52,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="testing aid: sleep this long after every decode chunk (to act on a running batch)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="uvicorn and server log level")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit as soon as this process is no longer our parent (it died and we were re-parented): "
+                        "a fleet's servers must not outlive an experiment that was SIGKILLed")
     return p
+
+
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> threading.Thread:
+    """Start a daemon thread that hard-exits this process once ``parent_pid`` is no longer its parent.
+
+    Polling ``os.getppid()`` rather than ``prctl(PR_SET_PDEATHSIG)``: the death signal fires when the *thread*
+    that forked us exits, which would kill a fleet's servers started from a short-lived thread; and comparing
+    the parent pid cannot be fooled by pid reuse (an orphan is re-parented to init or a subreaper).
+    """
+
+    def run() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                print(f"parent process {parent_pid} is gone: exiting", file=sys.stderr, flush=True)
+                os._exit(3)  # no graceful shutdown: nobody is left to serve, and it must not hang
+            time.sleep(interval_s)
+
+    t = threading.Thread(target=run, name="parent-watchdog", daemon=True)
+    t.start()
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid)  # before the slow imports and model load: the parent may die meanwhile
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     import jax

@@ -2,7 +2,7 @@
 ``\\boxed{}`` final answer, written as jsonl (the ``small`` preset's data, loaded by the same
 :func:`~scalerl_jax.data.jsonl.load_jsonl` and scored by the same math-verify reward as any real math set).
 
-    question  "Mia has 7 pens. She buys 12 boxes with 3 pens in each box. How many pens does Mia have now?"
+    question  "Mia has 7 pens and buys 12 boxes of 3. How many pens now?"
     answer    "12*3=36. 7+36=43. \\boxed{43}"
 
 The problem space is the tiny task's (a in 0..99, b in 2..99, c in 2..9), each triple under one of several
@@ -20,24 +20,22 @@ import numpy as np
 
 from scalerl_jax.data.tasks import ARITH_SPACE, arith_triple
 
-_NAMES = [("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He")]
+_NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam"]
 _ITEMS = [("pens", "box", "boxes"), ("apples", "bag", "bags"), ("stamps", "page", "pages"),
           ("cards", "pack", "packs"), ("coins", "jar", "jars"), ("shells", "bucket", "buckets")]
 _TEMPLATES = [
-    "{name} has {a} {items}. {pron} buys {b} {boxes} with {c} {items} in each {box}. "
-    "How many {items} does {name} have now?",
-    "A shop had {a} {items} and got {b} {boxes} of {c} {items} each. How many {items} does the shop have now?",
-    "{name} starts with {a} {items} and gets {c} more {items} every day for {b} days. "
-    "How many {items} does {name} have at the end?",
+    "{name} has {a} {items} and buys {b} {boxes} of {c}. How many {items} now?",
+    "A shop has {a} {items} and gets {b} {boxes} of {c}. How many {items} now?",
+    "{name} has {a} {items} and gets {c} a day for {b} days. How many {items} now?",
 ]
 
 
 def question_text(a: int, b: int, c: int, pid: int) -> str:
     """The English question of triple ``(a, b, c)`` with id ``pid`` (its phrasing is a function of the id)."""
-    name, pron = _NAMES[pid % len(_NAMES)]
-    items, box, boxes = _ITEMS[(pid // len(_NAMES)) % len(_ITEMS)]
+    name = _NAMES[pid % len(_NAMES)]
+    items, _, boxes = _ITEMS[(pid // len(_NAMES)) % len(_ITEMS)]
     t = _TEMPLATES[(pid // (len(_NAMES) * len(_ITEMS))) % len(_TEMPLATES)]
-    return t.format(name=name, pron=pron, items=items, box=box, boxes=boxes, a=a, b=b, c=c)
+    return t.format(name=name, items=items, boxes=boxes, a=a, b=b, c=c)
 
 
 def solution_text(a: int, b: int, c: int) -> str:

@@ -17,7 +17,7 @@ import jax
 import pytest
 
 from scalerl_jax.models import init_params, tiny
-from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from tests.test_server import (
     assert_greedy_against_model,
@@ -51,15 +51,17 @@ def fleet(tmp_path_factory):
         for proc, url in workers:
             wait_healthy(url, proc)
         port = free_port()
-        log = open(tmp / "router.log", "w")
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[u for _, u in workers],
-             "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
-             "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-             "--retry-max-retries", "3", "--retry-initial-backoff-ms", "50", "--request-timeout-secs", "60",
-             "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True,
-        )
+        with open(tmp / "router.log", "w") as log:  # the child keeps its own copy of the descriptor
+            router = subprocess.Popen(
+                [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[u for _, u in workers],
+                 "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
+                 # its own metrics port: the default (29000) clashes with any other router on the machine
+                 "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+                 "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                 "--retry-max-retries", "3", "--retry-initial-backoff-ms", "50", "--request-timeout-secs", "60",
+                 "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True,
+            )
         router.log_path = tmp / "router.log"  # type: ignore[attr-defined]
         procs.append(router)
         rurl = f"http://127.0.0.1:{port}"
@@ -87,6 +89,34 @@ def _check_results(reqs, results, params, cfg, version):
         c = comps[0]
         assert c.finish_reason in ("stop", "length") and c.versions == [version] * len(c.token_ids)
         assert_greedy_against_model(params, cfg, req.prompt_ids, c.token_ids, c.logprobs)
+
+
+def test_interruption_happens_through_the_router(fleet):
+    """The router drops our length_control field, so the client must interrupt by itself there, even when told
+    the server can (server_length_control=True). A prompt whose thinking cannot end within its budget
+    (think_end_ids longer than budget_hi) IS interrupted; both segments are the model's own greedy tokens."""
+    rurl, workers, _ = fleet
+    cfg = tiny()
+    params = init_params(cfg, jax.random.PRNGKey(INIT_SEED))
+    lc = LengthControl(think_end_ids=(16, 16, 16, 16), interruption_ids=(15, 16), budget_lo=2, budget_hi=3,
+                       answer_budget=3)
+    reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16), request_id=f"t{i}")
+            for i, p in enumerate(_prompts(3))]
+    before = sum(_stats(u)["generate_requests"] for _, u in workers)
+    with SGLangGenerator(rurl, timeout_s=60, length=lc, server_length_control=True, concurrency=3) as gen:
+        results = gen.generate(reqs)
+        stats = gen.stats_snapshot()
+        assert gen.device_count() == 2  # the router expands into its two workers, one device each
+    assert stats["client_interruptions"] == 3 and stats["length_fallbacks"] == 0
+    assert sum(_stats(u)["generate_requests"] for _, u in workers) - before == 6  # two calls per sample
+    for req, (c,) in zip(reqs, results):
+        b = c.think_budget
+        assert 2 <= b <= 3 and c.token_ids[b : b + 2] == [15, 16] and sum(c.injected) == 2
+        assert c.injected[b : b + 2] == [True, True] and c.versions[b : b + 2] == [-1, -1]
+        assert c.finish_reason in ("interrupted", "length") and len(c.token_ids) <= b + 2 + 3
+        assert_greedy_against_model(params, cfg, req.prompt_ids, c.token_ids[:b], c.logprobs[:b])
+        assert_greedy_against_model(params, cfg, req.prompt_ids + c.token_ids[: b + 2], c.token_ids[b + 2 :],
+                                    c.logprobs[b + 2 :])
 
 
 def test_router_spreads_then_survives_a_killed_worker(fleet):

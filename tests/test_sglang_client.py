@@ -18,22 +18,27 @@ from tests.test_server import free_port, kill, save_random_checkpoint, start_ser
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
 
 
-def _fake_output(body: dict, j: int, version: str = "default") -> dict:
-    """What real SGLang returns for one sample: output = prompt reversed (so outputs identify prompts)."""
+def _fake_output(body: dict, j: int, version: str = "default", mangle: str | None = None) -> dict:
+    """What real SGLang returns for one sample: output = prompt reversed (so outputs identify prompts).
+    ``mangle``: "no_logprobs" drops output_token_logprobs; "prefix_output_ids" puts prompt tokens in front of
+    output_ids, as SGLang 0.5.3 does."""
     ids = list(reversed(body["input_ids"]))[: body["sampling_params"].get("max_new_tokens", 16)]
     meta = {"id": f"x{j}", "finish_reason": {"type": "length", "length": len(ids)}, "prompt_tokens": len(ids),
             "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version}
-    if body.get("return_logprob"):
+    if body.get("return_logprob") and mangle != "no_logprobs":
         meta["output_token_logprobs"] = [[-0.5 - k, t, None] for k, t in enumerate(ids)]
-    return {"text": "", "output_ids": ids, "meta_info": meta}
+    out_ids = body["input_ids"][-2:] + ids if mangle == "prefix_output_ids" else ids
+    return {"text": "", "output_ids": out_ids, "meta_info": meta}
 
 
 class FakeSGLang:
     """``fail_first``: that many /generate calls answer 503; ``drop_all``: close the connection without an answer
     (a server dying mid-request); ``status``: a fixed error status for every call."""
 
-    def __init__(self, fail_first: int = 0, drop_all: bool = False, status: int | None = None, version="default"):
+    def __init__(self, fail_first: int = 0, drop_all: bool = False, status: int | None = None, version="default",
+                 mangle: str | None = None):
         self.fail_first, self.drop_all, self.status, self.version = fail_first, drop_all, status, version
+        self.mangle = mangle
         self.calls: list[dict] = []
         self.times: list[float] = []
         self.lock = threading.Lock()
@@ -56,7 +61,7 @@ class FakeSGLang:
                 if fake.status is not None or k <= fake.fail_first:
                     return self._send(fake.status or 503, {"object": "error", "message": "try later"})
                 n = body["sampling_params"].get("n", 1)
-                outs = [_fake_output(body, j, fake.version) for j in range(n)]
+                outs = [_fake_output(body, j, fake.version, fake.mangle) for j in range(n)]
                 self._send(200, outs[0] if n == 1 else outs)
 
             def _send(self, code, obj):
@@ -109,14 +114,14 @@ def test_retries_with_exponential_backoff_then_succeeds(fakes):
 
 def test_gives_up_after_max_retries_and_400_is_not_retried(fakes):
     srv = fakes(fail_first=100)
-    with SGLangGenerator(srv.url, max_retries=2, backoff_s=0.01, timeout_s=10) as gen:
-        with pytest.raises(GenerationError, match="after 3 attempts"):
-            gen.generate(_reqs(1))
+    with SGLangGenerator(srv.url, max_retries=2, backoff_s=0.01, timeout_s=10) as gen, \
+            pytest.raises(GenerationError, match="after 3 attempts"):
+        gen.generate(_reqs(1))
     assert len(srv.calls) == 3
     bad = fakes(status=400)
-    with SGLangGenerator(bad.url, max_retries=5, backoff_s=0.01, timeout_s=10) as gen:
-        with pytest.raises(GenerationError, match="HTTP 400"):
-            gen.generate(_reqs(1))
+    with SGLangGenerator(bad.url, max_retries=5, backoff_s=0.01, timeout_s=10) as gen, \
+            pytest.raises(GenerationError, match="HTTP 400"):
+        gen.generate(_reqs(1))
     assert len(bad.calls) == 1
 
 
@@ -137,19 +142,54 @@ def test_failover_from_dead_and_dying_servers_exactly_once(fakes):
 
 
 def test_maps_plain_sglang_responses(fakes):
-    """No extension fields: logprobs from the triples, every token gets the server's weight_version."""
+    """No extension fields: tokens and logprobs from the triples; every token gets the client's version at submit
+    time, or the server's weight_version when that is older (a stale server): never a newer one."""
     srv = fakes(version="12")
-    with SGLangGenerator(srv.url, timeout_s=10, server_length_control=True) as gen:
+    with SGLangGenerator(srv.url, timeout_s=10, server_length_control=True, version=12) as gen:
         (comps,) = gen.generate(_reqs(1, max_new=2))
     c = comps[0]
     assert c.token_ids == [4, 3] and c.logprobs == [-0.5, -1.5] and c.versions == [12, 12]
     assert c.injected == [False, False] and c.finish_reason == "length" and c.truncated
     body = srv.calls[0]
     assert body["input_ids"] == [2, 3, 4] and body["return_logprob"] is True
-    assert body["sampling_params"] == {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 2, "n": 1}
+    assert body["sampling_params"] == {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 2, "n": 1,
+                                       "ignore_eos": True}
+    for client_version, want in ((4, 4), (15, 12)):  # server newer than the client: the client's; older: its own
+        with SGLangGenerator(srv.url, timeout_s=10, version=client_version) as gen:
+            assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [want]
     srv2 = fakes()  # "default" (SGLang before any update) -> the client's own version
     with SGLangGenerator(srv2.url, timeout_s=10, version=4) as gen:
         assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [4]
+
+
+def test_malformed_and_mismatched_responses_are_retried(fakes):
+    """A response without usable log-probs is a failed attempt (retried elsewhere), not a hard error; output_ids
+    that disagree with the log-prob ids (SGLang 0.5.3 prefixes prompt tokens) do not matter."""
+    bad = fakes(mangle="no_logprobs")
+    good = fakes(mangle="prefix_output_ids")
+    with SGLangGenerator([bad.url, good.url], max_retries=3, backoff_s=0.01, timeout_s=10, concurrency=1) as gen:
+        results = gen.generate(_reqs(4, max_new=3))
+        stats = gen.stats_snapshot()
+    for i, (comps,) in enumerate(results):
+        assert comps.token_ids == [4 + i, 3 + i, 2 + i]
+    assert len(bad.calls) >= 1 and stats["retries"] == len(bad.calls)
+    assert stats["output_ids_mismatches"] == len(good.calls) == 4
+
+
+def test_dropped_length_control_falls_back_to_client_interruption(fakes):
+    """A server said to do length control (server_length_control=True) answers without our fields, as anything
+    that drops length_control would: the request is redone with client-side interruption, which happens."""
+    srv = fakes()
+    lc = LengthControl(think_end_ids=(99,), interruption_ids=(15, 16), budget_lo=2, budget_hi=2, answer_budget=2)
+    req = GenerationRequest([2, 3, 4], SamplingParams(max_new_tokens=10), request_id="f")
+    with SGLangGenerator(srv.url, timeout_s=10, length=lc, server_length_control=True) as gen:
+        (comps,) = gen.generate([req])
+        stats = gen.stats_snapshot()
+    c = comps[0]
+    # the fake answers the prompt reversed: [4, 3] up to the budget, then [16, 15] after the interruption
+    assert c.token_ids == [4, 3, 15, 16, 16, 15] and c.injected == [False, False, True, True, False, False]
+    assert c.think_budget == 2 and stats["length_fallbacks"] == 1 and stats["client_interruptions"] == 1
+    assert ["length_control" in b for b in srv.calls] == [True, False, False]
 
 
 # ---- against our real server ------------------------------------------------------------------------------
@@ -251,7 +291,7 @@ def test_abort_pause_returns_abort_and_client_resends(real):
         assert "c" not in raw
         httpx.post(url + "/continue_generation", json={})
         th.join()
-        assert gen.stats["retries"] >= 1
+        assert gen.stats["retries"] >= 1 and gen.stats["resent_aborted"] == 0  # no update: a plain retry
     (c,) = raw["c"][0]
     assert c.finish_reason == "length" and len(c.token_ids) == 40
 
@@ -275,7 +315,17 @@ def test_payloads_validate_against_sglang_dataclasses():
     from sglang.srt.sampling.sampling_params import SamplingParams as SGSamplingParams
 
     SGSamplingParams(**body["sampling_params"]).verify(vocab_size=17)
-    upd = {"model_path": "/ckpt", "weight_version": "3", "flush_cache": False}
+    import sglang
+
+    from scalerl_jax.rollout.sglang_client import ServerCaps, parse_release
+
+    caps = ServerCaps("http://x", version=sglang.__version__, release=parse_release(sglang.__version__))
+    with SGLangGenerator("http://127.0.0.1:9") as gen:
+        pause, upd = gen.update_bodies(caps, "/ckpt", 3)
     ufields = {f.name for f in dataclasses.fields(UpdateWeightFromDiskReqInput)}
     assert set(upd) <= ufields, set(upd) - ufields
     UpdateWeightFromDiskReqInput(**upd)
+    if pause:
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        PauseGenerationReqInput(**pause)

@@ -1,27 +1,51 @@
 """A :class:`~scalerl_jax.rollout.protocol.Generator` over SGLang's native HTTP API.
 
-``SGLangGenerator`` talks to one or more servers that speak SGLang's native API: real SGLang servers, our
-own :mod:`scalerl_jax.rollout.server`, or one ``sglang-router`` URL in front of either. It sends one
-``POST /generate`` per :class:`GenerationRequest` (``n`` samples in ``sampling_params.n``), many at once
-from a thread pool, and maps each response into :class:`Completion` s.
+``SGLangGenerator`` talks to one or more servers that speak SGLang's native API: real SGLang servers (0.4.10 to
+0.5.23 read), our own :mod:`scalerl_jax.rollout.server`, or an ``sglang-router`` URL in front of either. It
+sends one ``POST /generate`` per :class:`GenerationRequest` (``n`` samples in ``sampling_params.n``), many at
+once from a thread pool, and maps each response into :class:`Completion` s.
 
-Reliability: every request is a job that completes exactly once. A failed attempt (connection error,
-timeout, HTTP 5xx, a malformed body, or an ``abort`` finish when ``retry_aborted``) is retried with
-exponential back-off on the next live server; a server whose connection fails is marked dead for
-``dead_cooldown_s`` so that its in-flight and future jobs go to the others. Jobs never run twice at once,
-so nothing is duplicated. HTTP 4xx is the caller's fault and raises at once.
+Responses, read the same way from every release:
 
-Weight updates (PipelineRL's in-flight update): :meth:`SGLangGenerator.update_weights` runs, on every
-server, ``/pause_generation {"mode": "in_place"}`` -> ``/update_weights_from_disk {model_path,
-weight_version, flush_cache: false}`` -> ``/continue_generation``. A router URL is expanded into its
-workers first (``GET /workers``; ``sglang-router`` does not forward these control routes).
+- tokens and log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples):
+  ``output_ids`` is absent in 0.4.x and holds a few prompt tokens too in 0.5.3, so it is only cross-checked;
+- per-token versions: our extension ``output_token_versions`` when present; else SGLang 0.5.19+'s
+  ``meta_info.weight_versions`` spans; else every token gets the client's weight version when the attempt was
+  submitted (or the server's ``weight_version`` if that is older): never a newer one, so staleness is never
+  under-counted;
+- a response that does not parse (no log-probs, wrong count of samples) is a failed attempt and is retried.
 
-Interruption length control: our server does it in the engine (request field ``length_control``, see
-:mod:`scalerl_jax.rollout.server`). A plain SGLang server does not know that field, so the client does it
-itself in two calls per sample: generate up to the thinking budget; if thinking did not end, append the
-interruption ids (flagged injected) and generate the answer from prompt + output (SGLang's prefix cache
-makes the second prefill cheap). Which path is used is decided per server from ``GET /get_model_info``
-(``"scalerl_extensions"``) unless ``server_length_control`` forces it.
+Reliability: every request is a job that completes exactly once. A failed attempt (connection error, timeout,
+HTTP 5xx, a malformed body, or an ``abort`` finish when ``retry_aborted``) is retried with exponential back-off
+on the next live server; a server whose connection fails is marked dead for ``dead_cooldown_s``. HTTP 4xx is the
+caller's fault and raises at once. A request aborted while a weight update is under way (SGLang before 0.5.6
+aborts everything in flight on ``/pause_generation``) is re-sent without counting against ``max_retries``.
+
+Weight updates (PipelineRL's in-flight update): :meth:`SGLangGenerator.update_weights` runs, on every server,
+``/pause_generation`` -> ``/update_weights_from_disk {model_path, weight_version, flush_cache}`` ->
+``/continue_generation``. The pause mode and ``flush_cache`` follow the server's release (``/get_server_info``
+``version``): 0.5.6+ and ours take ``{"mode": pause_mode}`` (``in_place`` by default, with ``flush_cache:
+false``, which SGLang 0.5.23 requires while requests are paused in place); older releases take no mode and
+abort what is in flight. A router URL is expanded into its workers first (``GET /workers``, or older routers'
+``GET /list_workers``): ``sglang-router`` does not forward these control routes.
+
+Interruption length control: our server does it in the engine (request field ``length_control``). Real SGLang
+does not know that field and ``sglang-router`` drops every field it does not know, so the client does it itself
+there, in two calls per sample: generate up to the thinking budget; if thinking did not end, append the
+interruption ids (flagged injected) and generate the answer from prompt + output (SGLang's prefix cache makes the
+second prefill cheap). The engine path is used only for a server (not a router) whose ``GET /get_model_info``
+lists ``length_control`` in ``scalerl_extensions``; a response that comes back without our ``think_budget``
+field switches that server to the client path and the request is redone there, so interruption never silently
+does not happen.
+
+Stop tokens: the protocol's ``stop_token_ids`` are the whole stop set. Real SGLang also stops at the model's
+EOS unless ``ignore_eos``, which disables ``stop_token_ids`` too; so a request without stop ids is sent with
+``ignore_eos: true`` (generate to ``max_new_tokens``, like the embedded engine), and one with stop ids stops at
+them and at EOS (include EOS in them, as the trainer does, for identical behaviour on every back-end).
+
+Numbers for the trainer: :meth:`SGLangGenerator.stats_snapshot` (attempts, retries, failovers, re-sent aborted
+requests, and per server: requests, generated tokens, busy seconds and tokens per busy second) and
+:meth:`SGLangGenerator.device_count` (the fleet's accelerator devices, from each server's ``/get_server_info``).
 """
 
 from __future__ import annotations
@@ -29,11 +53,13 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 import httpx
 
@@ -48,6 +74,10 @@ from scalerl_jax.rollout.protocol import (
 log = logging.getLogger(__name__)
 
 _SGLANG_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+PAUSE_MODES = ("in_place", "retract", "abort")
+# First SGLang release whose /pause_generation takes {"mode"} and whose UpdateWeightFromDiskReqInput has
+# flush_cache (managers/io_struct.py: absent in 0.5.5.post3, present in 0.5.6)
+PAUSE_MODE_RELEASE = (0, 5, 6)
 
 
 class GenerationError(RuntimeError):
@@ -58,12 +88,22 @@ class _Retryable(Exception):
     """An attempt failed in a way that another attempt (maybe on another server) can fix."""
 
 
+class _UpdateAborted(Exception):
+    """The server aborted the request while a weight update was under way: re-send it, not counted as a retry."""
+
+
 def parse_version(v: Any, default: int) -> int:
     """SGLang's ``weight_version`` is a string (``"default"`` until set); ours are integers."""
     try:
         return int(v)
     except (TypeError, ValueError):
         return default
+
+
+def parse_release(v: Any) -> tuple[int, int, int] | None:
+    """``"0.5.3.post1"`` -> ``(0, 5, 3)``; None for anything that is not an SGLang release string."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)\.(\d+)", v) if isinstance(v, str) else None
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 
 def sampling_payload(p: SamplingParams, n: int | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
@@ -75,11 +115,13 @@ def sampling_payload(p: SamplingParams, n: int | None = None, max_new_tokens: in
     }
     if p.stop_token_ids:
         out["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
+    else:
+        out["ignore_eos"] = True  # no stop set: generate to max_new_tokens, as the embedded engine does
     return out
 
 
 def length_payload(lc: LengthControl) -> dict[str, Any]:
-    """Our extension field ``length_control`` (ignored by, and unknown to, real SGLang)."""
+    """Our extension field ``length_control`` (unknown to real SGLang; dropped by ``sglang-router``)."""
     return {
         "think_end_ids": list(lc.think_end_ids), "interruption_ids": list(lc.interruption_ids),
         "budget_lo": lc.budget_lo, "budget_hi": lc.budget_hi, "answer_budget": lc.answer_budget,
@@ -105,34 +147,105 @@ def _contains(seq: Sequence[int], sub: Sequence[int]) -> bool:
     return m > 0 and any(list(seq[i : i + m]) == list(sub) for i in range(len(seq) - m + 1))
 
 
+@dataclass
+class ServerCaps:
+    """What a server (not a router) is and can do, from its ``/get_server_info`` (or ``/server_info``)."""
+
+    url: str
+    ours: bool = False  # our scalerl_jax server (it lists scalerl_extensions)
+    version: str | None = None  # the "version" it reports
+    release: tuple[int, int, int] | None = None  # parsed SGLang release; None for ours or unknown
+    devices: int | None = None  # accelerator devices it computes on
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pause_modes(self) -> bool:
+        """``/pause_generation`` takes ``mode`` (and keeps in-flight requests in place); unknown: assume so."""
+        return self.ours or self.release is None or self.release >= PAUSE_MODE_RELEASE
+
+    @property
+    def update_flush_field(self) -> bool:
+        """``/update_weights_from_disk`` has ``flush_cache`` (default true from 0.5.6)."""
+        return self.ours or self.release is None or self.release >= PAUSE_MODE_RELEASE
+
+
+def devices_from_server_info(info: Any) -> int | None:
+    """Accelerator devices a server computes on: ours reports ``device_count``; real SGLang's ``ServerArgs``
+    give ``tp_size * pp_size * dp_size`` (with DP attention the DP ranks live inside the TP group)."""
+    if not isinstance(info, dict):
+        return None
+    v = info.get("device_count")
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    ints = {k: info.get(k) for k in ("tp_size", "pp_size", "dp_size")}
+    if not isinstance(ints["tp_size"], int) or ints["tp_size"] < 1:
+        return None
+    n = ints["tp_size"] * (ints["pp_size"] if isinstance(ints["pp_size"], int) and ints["pp_size"] > 0 else 1)
+    if isinstance(ints["dp_size"], int) and ints["dp_size"] > 1 and not info.get("enable_dp_attention"):
+        n *= ints["dp_size"]
+    return n
+
+
+@dataclass
+class _Sample:
+    """One parsed sample of a ``/generate`` response."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    injected: list[bool]
+    finish: str
+    truncated: bool
+    think_budget: int | None
+    has_extensions: bool
+
+
+@dataclass
+class _ServerStats:
+    requests: int = 0
+    tokens: int = 0
+    errors: int = 0
+    busy_s: float = 0.0
+    in_flight: int = 0
+    busy_since: float = 0.0
+
+
 class SGLangGenerator:
     """Generator protocol over SGLang-API servers (see the module docstring).
 
     Args:
-        urls: base URLs (``http://host:port``) of servers or of one router.
+        urls: base URLs (``http://host:port``) of servers or of routers.
         timeout_s: per-HTTP-call timeout (a generation call must finish within it).
-        max_retries: extra attempts per job after the first.
+        max_retries: extra attempts per job after the first (re-sends of update-aborted requests not counted).
         backoff_s: first back-off; doubles per retry (capped at ``max_backoff_s``), with jitter.
         concurrency: jobs in flight at once (threads).
         length: default interruption length control for requests that carry none.
-        server_length_control: True/False forces length control in the server / in the client; None asks
-            each server (``/get_model_info``).
-        retry_aborted: re-send a request whose server answered ``finish_reason`` abort.
+        server_length_control: True/False forces length control in the server / in the client; None asks each
+            server (``/get_model_info``). Behind a router the client path is used whatever this says (the
+            router would drop the field).
+        retry_aborted: re-send a request whose server answered ``finish_reason`` abort (a retry). One aborted
+            while an :meth:`update_weights` is under way is re-sent from scratch whatever this says, and not
+            counted as a retry (its partial output is dropped).
         dead_cooldown_s: how long a server whose connection failed is skipped.
         version: weight version assumed before the first :meth:`update_weights`.
+        pause_mode: ``/pause_generation`` mode of an update on servers that take one: ``in_place`` (keep KV
+            caches, ``flush_cache: false``), ``retract`` (recompute them, flush) or ``abort``.
+        max_abort_resends: most re-sends of one request aborted by weight updates.
     """
 
     def __init__(
         self, urls: str | Sequence[str], *, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
         concurrency: int = 64, length: LengthControl | None = None, server_length_control: bool | None = None,
         retry_aborted: bool = True, dead_cooldown_s: float = 5.0, max_backoff_s: float = 30.0, version: int = 0,
-        seed: int = 0,
+        seed: int = 0, pause_mode: str = "in_place", max_abort_resends: int = 100,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("SGLangGenerator: need at least one server URL")
         if max_retries < 0 or backoff_s < 0 or concurrency < 1 or timeout_s <= 0:
             raise ValueError("SGLangGenerator: need max_retries >= 0, backoff_s >= 0, concurrency >= 1, timeout_s > 0")
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"SGLangGenerator: pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
@@ -143,16 +256,27 @@ class SGLangGenerator:
         self.server_length_control = server_length_control
         self.retry_aborted = retry_aborted
         self.dead_cooldown_s = float(dead_cooldown_s)
+        self.pause_mode = pause_mode
+        self.max_abort_resends = int(max_abort_resends)
         self._version = int(version)
         self._lock = threading.Lock()
         self._dead_until: dict[str, float] = {}
         self._extensions: dict[str, bool] = {}
+        self._routers: dict[str, bool] = {}
+        self._caps: dict[str, ServerCaps] = {}
+        self._warned: set[str] = set()
+        self._updating = 0  # update_weights calls under way
+        self._update_epoch = 0  # bumped when one finishes
         self._rr = itertools.count()
         self._rng = random.Random(seed)
         self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s)),
                                   limits=httpx.Limits(max_connections=self.concurrency + 8))
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client")
-        self.stats = {"attempts": 0, "retries": 0, "failovers": 0}
+        self.stats: dict[str, int] = {
+            "requests": 0, "attempts": 0, "retries": 0, "failovers": 0, "resent_aborted": 0,
+            "client_interruptions": 0, "length_fallbacks": 0, "output_ids_mismatches": 0, "tokens": 0,
+        }
+        self._server_stats: dict[str, _ServerStats] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -161,17 +285,70 @@ class SGLangGenerator:
         self._pool.shutdown(wait=True)
         self._http.close()
 
-    def __enter__(self) -> SGLangGenerator:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
     def weight_version(self) -> int:
+        """The version of the weights the servers hold (the last :meth:`update_weights`)."""
         return self._version
 
-    # ---- server selection --------------------------------------------------------------------------
+    def reseed(self, seed: int) -> None:
+        """Re-seed what the client draws itself (thinking budgets of client-side interruption)."""
+        with self._lock:
+            self._rng = random.Random(seed)
+
+    # ---- stats ---------------------------------------------------------------------------------------
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """Cumulative counters, safe to log: a copy of :attr:`stats` plus ``servers``, per URL used for
+        ``/generate`` (a router counts as one): ``requests`` (HTTP calls), ``tokens`` (output tokens returned,
+        aborted partial outputs included), ``errors``, ``busy_s`` (wall seconds with at least one call in
+        flight) and ``tokens_per_s`` (tokens / busy_s: the server's generation throughput while busy).
+
+        Flat counters: ``requests`` (generate() requests), ``attempts`` (HTTP /generate calls), ``retries``,
+        ``failovers`` (a retry moved to another server), ``resent_aborted`` (re-sends of requests aborted by a
+        weight update; not retries), ``client_interruptions`` (samples interrupted by the client-side path),
+        ``length_fallbacks`` (responses without our length-control fields, redone client-side),
+        ``output_ids_mismatches`` (``output_ids`` that disagreed with the log-prob ids) and ``tokens``.
+        """
+        now = time.monotonic()
+        with self._lock:
+            out: dict[str, Any] = dict(self.stats)
+            servers = {}
+            for url, s in self._server_stats.items():
+                busy = s.busy_s + (now - s.busy_since if s.in_flight else 0.0)
+                servers[url] = {"requests": s.requests, "tokens": s.tokens, "errors": s.errors, "busy_s": busy,
+                                "tokens_per_s": s.tokens / busy if busy > 0 else 0.0}
+            out["servers"] = servers
+        return out
+
+    def _count(self, key: str, k: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += k
+
+    def _begin(self, url: str) -> None:
+        with self._lock:
+            s = self._server_stats.setdefault(url, _ServerStats())
+            s.requests += 1
+            if s.in_flight == 0:
+                s.busy_since = time.monotonic()
+            s.in_flight += 1
+
+    def _end(self, url: str, tokens: int, error: bool) -> None:
+        with self._lock:
+            s = self._server_stats[url]
+            s.in_flight -= 1
+            if s.in_flight == 0:
+                s.busy_s += time.monotonic() - s.busy_since
+            s.tokens += tokens
+            s.errors += int(error)
+            self.stats["tokens"] += tokens
+
+    # ---- server selection and discovery ---------------------------------------------------------------
 
     def _pick(self, avoid: str | None = None) -> str:
         """Next live server round-robin (skipping ``avoid`` when another is live); all dead -> least recently."""
@@ -184,67 +361,181 @@ class SGLangGenerator:
                 return min(self.urls, key=lambda u: self._dead_until.get(u, 0.0))
             return live[next(self._rr) % len(live)]
 
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self.stats[key] += 1
-
     def _mark_dead(self, url: str) -> None:
         with self._lock:
             self._dead_until[url] = time.monotonic() + self.dead_cooldown_s
 
+    def _get_json(self, url: str) -> Any:
+        """GET ``url``; its JSON, or None for any status but 200 (raises httpx.HTTPError when unreachable)."""
+        r = self._http.get(url, timeout=10.0)
+        if r.status_code != 200:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            return None
+
+    def router_workers(self, url: str) -> list[str] | None:
+        """The worker URLs behind router ``url`` (``GET /workers``, older ``GET /list_workers``); None when
+        ``url`` is not a router. Raises httpx.HTTPError when it cannot be reached."""
+        out = self._get_json(f"{url}/workers")
+        if isinstance(out, dict) and isinstance(out.get("workers"), list):
+            return [str(w["url"]).rstrip("/") for w in out["workers"] if isinstance(w, dict) and w.get("url")]
+        out = self._get_json(f"{url}/list_workers")
+        if isinstance(out, dict) and isinstance(out.get("urls"), list):
+            return [str(u).rstrip("/") for u in out["urls"]]
+        return None
+
+    def _is_router(self, url: str) -> bool | None:
+        """Cached router detection; None when ``url`` could not be asked (not cached)."""
+        if url not in self._routers:
+            try:
+                self._routers[url] = self.router_workers(url) is not None
+            except httpx.HTTPError:
+                return None
+        return self._routers[url]
+
+    def server_caps(self, url: str, refresh: bool = False) -> ServerCaps:
+        """What the server at ``url`` reports (``/server_info``, else ``/get_server_info``); cached. A server that
+        cannot be asked gets unknown capabilities (assumed current), not cached."""
+        if not refresh and url in self._caps:
+            return self._caps[url]
+        info: Any = None
+        try:
+            for route in ("/server_info", "/get_server_info"):
+                info = self._get_json(url + route)
+                if isinstance(info, dict):
+                    break
+        except httpx.HTTPError:
+            return ServerCaps(url)
+        if not isinstance(info, dict):
+            info = {}
+        version = info.get("version") if isinstance(info.get("version"), str) else None
+        ours = "scalerl_extensions" in info or version == "scalerl_jax"
+        caps = ServerCaps(url, ours=ours, version=version, release=None if ours else parse_release(version),
+                          devices=devices_from_server_info(info), info=info)
+        self._caps[url] = caps
+        return caps
+
     def _server_does_length(self, url: str) -> bool:
+        """Whether interruption goes to the server (our extension) rather than being done by the client."""
+        router = self._is_router(url)
+        if router is not False:  # a router drops length_control; unknown: the client path works everywhere
+            if router and self.server_length_control and url not in self._warned:
+                self._warned.add(url)
+                log.warning("%s is a router, which drops length_control: interruption runs in the client", url)
+            return False
         if self.server_length_control is not None:
             return self.server_length_control
         if url not in self._extensions:
             try:
-                r = self._http.get(f"{url}/get_model_info", timeout=10.0)
-                ok = r.status_code == 200 and "length_control" in (r.json().get("scalerl_extensions") or [])
-            except (httpx.HTTPError, ValueError, AttributeError):
+                info = self._get_json(f"{url}/get_model_info")
+                ok = isinstance(info, dict) and "length_control" in (info.get("scalerl_extensions") or [])
+            except httpx.HTTPError:
                 return False  # unknown yet: do it in the client this time, ask again next time
             self._extensions[url] = ok
         return self._extensions[url]
 
     # ---- one HTTP generate call with retries ------------------------------------------------------
 
-    def _post_generate(self, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """One attempt; returns the list of per-sample outputs or raises _Retryable / GenerationError."""
+    def _post_generate(self, url: str, body: dict[str, Any]) -> list[_Sample]:
+        """One attempt; returns the parsed samples or raises _Retryable / _UpdateAborted / GenerationError."""
         self._count("attempts")
+        with self._lock:
+            epoch, updating = self._update_epoch, self._updating
+            v_submit = self._version
+        self._begin(url)
+        tokens, failed = 0, True
         try:
-            r = self._http.post(f"{url}/generate", json=body)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-            self._mark_dead(url)
-            raise _Retryable(f"{url}: connection failed ({type(e).__name__}: {e})") from e
-        except httpx.TimeoutException as e:
-            raise _Retryable(f"{url}: timed out after {self.timeout_s}s") from e
-        if r.status_code >= 500 or r.status_code in (408, 429):
-            raise _Retryable(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
-        if r.status_code >= 400:
-            raise GenerationError(f"{url}: HTTP {r.status_code} for /generate: {r.text[:500]}")
-        try:
-            out = r.json()
-        except ValueError as e:
-            raise _Retryable(f"{url}: response is not JSON: {r.text[:200]!r}") from e
-        outs = out if isinstance(out, list) else [out]
-        n = body["sampling_params"].get("n", 1)
-        if len(outs) != n or not all(isinstance(o, dict) and "meta_info" in o for o in outs):
-            raise _Retryable(f"{url}: expected {n} outputs with meta_info, got {str(out)[:200]}")
-        if self.retry_aborted and any(_finish_type(o) == "abort" for o in outs):
-            raise _Retryable(f"{url}: request aborted by the server ({outs[0]['meta_info'].get('finish_reason')})")
-        return outs
+            try:
+                r = self._http.post(f"{url}/generate", json=body)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                self._mark_dead(url)
+                raise _Retryable(f"{url}: connection failed ({type(e).__name__}: {e})") from e
+            except httpx.TimeoutException as e:
+                raise _Retryable(f"{url}: timed out after {self.timeout_s}s") from e
+            if r.status_code >= 500 or r.status_code in (408, 429):
+                raise _Retryable(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
+            if r.status_code >= 400:
+                raise GenerationError(f"{url}: HTTP {r.status_code} for /generate: {r.text[:500]}")
+            try:
+                out = r.json()
+            except ValueError as e:
+                raise _Retryable(f"{url}: response is not JSON: {r.text[:200]!r}") from e
+            outs = out if isinstance(out, list) else [out]
+            n = body["sampling_params"].get("n", 1)
+            if len(outs) != n or not all(isinstance(o, dict) and isinstance(o.get("meta_info"), dict) for o in outs):
+                raise _Retryable(f"{url}: expected {n} outputs with meta_info, got {str(out)[:200]}")
+            samples = [self._parse_sample(url, o, v_submit) for o in outs]
+            tokens = sum(len(s.token_ids) for s in samples)
+            if any(s.finish == "abort" for s in samples):
+                fr = outs[0]["meta_info"].get("finish_reason")
+                with self._lock:
+                    during_update = updating or self._updating or self._update_epoch != epoch
+                if during_update:
+                    raise _UpdateAborted(f"{url}: aborted during a weight update ({fr})")
+                if self.retry_aborted:
+                    raise _Retryable(f"{url}: request aborted by the server ({fr})")
+            failed = False
+            return samples
+        finally:
+            self._end(url, tokens, failed)
 
-    def _call(self, body: dict[str, Any], url: str | None = None) -> tuple[str, list[dict[str, Any]]]:
-        """``_post_generate`` with retries, back-off and failover; returns (server used, outputs)."""
+    def _parse_sample(self, url: str, o: dict[str, Any], v_submit: int) -> _Sample:
+        """One response object -> _Sample (raises _Retryable when it does not have what we need)."""
+        meta = o["meta_info"]
+        lps = meta.get("output_token_logprobs")
+        if not isinstance(lps, list) or not all(isinstance(t, (list, tuple)) and len(t) >= 2 for t in lps):
+            raise _Retryable(f"{url}: meta_info.output_token_logprobs missing or malformed: {str(lps)[:200]}")
+        try:
+            ids = [int(t[1]) for t in lps]
+            logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in lps]
+        except (TypeError, ValueError) as e:
+            raise _Retryable(f"{url}: bad output_token_logprobs entry ({e})") from e
+        oi = o.get("output_ids")
+        if isinstance(oi, list) and oi != ids:
+            # 0.5.3 puts a few prompt tokens in front (the detokenizer's decode_ids): the log-prob ids are right
+            self._count("output_ids_mismatches")
+        n = len(ids)
+        ext = meta.get("output_token_versions")
+        if isinstance(ext, list) and len(ext) == n:
+            versions = [int(v) for v in ext]
+        else:
+            versions = _versions_from_spans(meta.get("weight_versions"), n, v_submit)
+            if versions is None:
+                # only the server's version when the response was built is known: it may be newer than the
+                # tokens, so use the version at submit time (or the server's, if older: a stale server)
+                versions = [min(v_submit, parse_version(meta.get("weight_version"), v_submit))] * n
+        inj = meta.get("output_token_injected")
+        injected = [bool(b) for b in inj] if isinstance(inj, list) and len(inj) == n else [False] * n
+        fr = meta.get("finish_reason")
+        ftype = fr.get("type") if isinstance(fr, dict) else fr if isinstance(fr, str) else None
+        finish = meta.get("scalerl_finish_reason") or _SGLANG_FINISH.get(ftype or "", "stop")
+        return _Sample(ids, logprobs, versions, injected, finish, bool(meta.get("truncated", finish == "length")),
+                       meta.get("think_budget"), "think_budget" in meta)
+
+    def _call(self, body: dict[str, Any], url: str | None = None) -> tuple[str, list[_Sample]]:
+        """``_post_generate`` with retries, back-off and failover; returns (server used, samples)."""
         url = url or self._pick()
         delay = self.backoff_s
-        errors = []
-        for attempt in range(self.max_retries + 1):
+        errors: list[str] = []
+        attempt = resends = 0
+        while True:
             try:
                 return url, self._post_generate(url, body)
+            except _UpdateAborted as e:
+                resends += 1
+                self._count("resent_aborted")
+                if resends > self.max_abort_resends:
+                    raise GenerationError(f"generate aborted by weight updates {resends} times: {e}") from e
+                log.info("re-sending a request aborted by a weight update: %s", e)
+                time.sleep(min(0.05 * resends, 1.0))  # the server is paused: it holds the re-sent request
             except _Retryable as e:
                 errors.append(str(e))
                 log.warning("generate attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, e)
                 if attempt == self.max_retries:
                     break
+                attempt += 1
                 self._count("retries")
                 time.sleep(delay * (1.0 + 0.1 * self._rng.random()))
                 delay = min(delay * 2.0, self.max_backoff_s)
@@ -262,15 +553,22 @@ class SGLangGenerator:
         return [f.result() for f in futures]
 
     def _run_request(self, req: GenerationRequest, index: int) -> list[Completion]:
+        self._count("requests")
         rid = req.request_id or f"req-{index}"
         lc = req.length or self.length
         t0 = time.time()
         url = self._pick()
+        comps = None
         if lc is None or self._server_does_length(url):
-            body = generate_payload(req.prompt_ids, req.params, length=lc)
-            _, outs = self._call(body, url)
-            comps = [self._to_completion(rid, j, req, o) for j, o in enumerate(outs)]
-        else:
+            used, samples = self._call(generate_payload(req.prompt_ids, req.params, length=lc), url)
+            if lc is not None and not all(s.has_extensions for s in samples):
+                # something between us and the engine dropped length_control: redo it in the client
+                log.warning("%s answered without length-control fields: interruption moves to the client", used)
+                self._extensions[used] = False
+                self._count("length_fallbacks")
+            else:
+                comps = [self._to_completion(rid, j, req, s) for j, s in enumerate(samples)]
+        if comps is None:
             comps = [self._client_interruption(rid, j, req, lc) for j in range(req.params.n)]
         t1 = time.time()
         for c in comps:
@@ -278,33 +576,22 @@ class SGLangGenerator:
             c.timing["done"] = t1
         return comps
 
-    def _to_completion(self, rid: str, j: int, req: GenerationRequest, o: dict[str, Any]) -> Completion:
-        meta = o["meta_info"]
-        ids = [int(t) for t in o.get("output_ids", [])]
-        lps = meta.get("output_token_logprobs") or []
-        if len(lps) != len(ids):
-            raise GenerationError(f"{rid}: {len(ids)} output ids but {len(lps)} output_token_logprobs")
-        logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in lps]
-        if any(int(t[1]) != i for t, i in zip(lps, ids)):
-            raise GenerationError(f"{rid}: output_token_logprobs token ids differ from output_ids")
-        server_version = parse_version(meta.get("weight_version"), self._version)
-        versions = [int(v) for v in meta.get("output_token_versions") or [server_version] * len(ids)]
-        injected = [bool(b) for b in meta.get("output_token_injected") or [False] * len(ids)]
-        finish = meta.get("scalerl_finish_reason") or _SGLANG_FINISH.get(_finish_type(o) or "", "stop")
-        truncated = bool(meta.get("truncated", finish == "length"))
+    @staticmethod
+    def _to_completion(rid: str, j: int, req: GenerationRequest, s: _Sample) -> Completion:
         return Completion(
-            request_id=rid, sample_index=j, prompt_ids=list(req.prompt_ids), token_ids=ids, logprobs=logprobs,
-            versions=versions, injected=injected, finish_reason=finish, truncated=truncated,
-            think_budget=meta.get("think_budget"), meta=dict(req.meta),
+            request_id=rid, sample_index=j, prompt_ids=list(req.prompt_ids), token_ids=s.token_ids,
+            logprobs=s.logprobs, versions=s.versions, injected=s.injected, finish_reason=s.finish,  # type: ignore[arg-type]
+            truncated=s.truncated, think_budget=s.think_budget, meta=dict(req.meta),
         )
 
     def _client_interruption(self, rid: str, j: int, req: GenerationRequest, lc: LengthControl) -> Completion:
         """Interruption length control done by the client (servers that do not support ``length_control``)."""
         p = req.params
-        budget = self._rng.randint(lc.budget_lo, lc.budget_hi)
+        with self._lock:
+            budget = self._rng.randint(lc.budget_lo, lc.budget_hi)
         first = min(budget, p.max_new_tokens)
-        url, outs = self._call(generate_payload(req.prompt_ids, p, n=1, max_new_tokens=first))
-        c = self._to_completion(rid, j, req, outs[0])
+        url, samples = self._call(generate_payload(req.prompt_ids, p, n=1, max_new_tokens=first))
+        c = self._to_completion(rid, j, req, samples[0])
         c.think_budget = budget
         if c.finish_reason != "length" or len(c.token_ids) >= p.max_new_tokens:
             c.truncated = c.finish_reason == "length"
@@ -315,9 +602,10 @@ class SGLangGenerator:
         else:
             extra_ids = list(lc.interruption_ids)
             more = lc.answer_budget
+            self._count("client_interruptions")
         prompt2 = list(req.prompt_ids) + c.token_ids + extra_ids
-        _, outs2 = self._call(generate_payload(prompt2, p, n=1, max_new_tokens=more), url)
-        c2 = self._to_completion(rid, j, req, outs2[0])
+        _, samples2 = self._call(generate_payload(prompt2, p, n=1, max_new_tokens=more), url)
+        c2 = self._to_completion(rid, j, req, samples2[0])
         k = len(extra_ids)
         c.token_ids += extra_ids + c2.token_ids
         c.logprobs += [0.0] * k + c2.logprobs
@@ -328,19 +616,18 @@ class SGLangGenerator:
         c.truncated = c2.finish_reason == "length"
         return c
 
-    # ---- weights ---------------------------------------------------------------------------------------
+    # ---- weights and fleet ------------------------------------------------------------------------------
 
     def _control_targets(self) -> list[str]:
         """Server URLs to send control calls to: a router URL expands into its workers."""
         targets: list[str] = []
         for url in self.urls:
-            workers = None
             try:
-                r = self._http.get(f"{url}/workers", timeout=10.0)
-                if r.status_code == 200 and isinstance(r.json(), dict) and "workers" in r.json():
-                    workers = [w["url"].rstrip("/") for w in r.json()["workers"] if w.get("url")]
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                workers = self.router_workers(url)
+            except httpx.HTTPError:
                 workers = None
+            if workers is not None:
+                self._routers[url] = True
             targets.extend(workers if workers is not None else [url])
         return list(dict.fromkeys(targets))
 
@@ -354,11 +641,20 @@ class SGLangGenerator:
             raise GenerationError(f"{url}{route}: HTTP {r.status_code}: {str(out)[:500]}")
         return out if isinstance(out, dict) else {"result": out}
 
+    def update_bodies(self, caps: ServerCaps, path: str, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``/pause_generation`` and ``/update_weights_from_disk`` bodies for a server of ``caps``."""
+        pause: dict[str, Any] = {"mode": self.pause_mode} if caps.pause_modes else {}
+        update: dict[str, Any] = {"model_path": str(path), "weight_version": str(version)}
+        if caps.update_flush_field:
+            # in place, running requests keep their KV cache: SGLang 0.5.23 refuses to flush then
+            update["flush_cache"] = self.pause_mode != "in_place"
+        return pause, update
+
     def _update_one(self, url: str, path: str, version: int) -> None:
-        self._control(url, "/pause_generation", {"mode": "in_place"})
+        pause, update = self.update_bodies(self.server_caps(url), path, version)
+        self._control(url, "/pause_generation", pause)
         try:
-            self._control(url, "/update_weights_from_disk",
-                          {"model_path": str(path), "weight_version": str(version), "flush_cache": False})
+            self._control(url, "/update_weights_from_disk", update)
         finally:
             self._control(url, "/continue_generation", {})
 
@@ -371,46 +667,82 @@ class SGLangGenerator:
         if not isinstance(weights, (str, bytes)) and not hasattr(weights, "__fspath__"):
             raise TypeError("SGLangGenerator.update_weights takes an HF checkpoint directory path, "
                             f"got {type(weights).__name__}")
-        targets = self._control_targets()
-        results: dict[str, BaseException | None] = {}
+        with self._lock:
+            self._updating += 1
+        try:
+            targets = self._control_targets()
+            results: dict[str, BaseException | None] = {}
 
-        def run(url: str) -> None:
-            try:
-                self._update_one(url, str(weights), int(version))
-                results[url] = None
-            except BaseException as e:  # noqa: BLE001 - reported below
-                results[url] = e
+            def run(url: str) -> None:
+                try:
+                    self._update_one(url, str(weights), int(version))
+                    results[url] = None
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    results[url] = e
 
-        threads = [threading.Thread(target=run, args=(u,)) for u in targets]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        unreachable = [u for u, e in results.items() if isinstance(e, httpx.TransportError)]
-        for u in unreachable:
-            log.warning("update_weights: %s unreachable, skipped", u)
-            self._mark_dead(u)
-        failed = {u: e for u, e in results.items() if e is not None and u not in unreachable}
-        if failed:
-            raise GenerationError(f"update_weights to version {version} failed on {len(failed)} server(s): "
-                                  + "; ".join(f"{u}: {e}" for u, e in failed.items()))
-        if len(unreachable) == len(targets):
-            raise GenerationError(f"update_weights: no server reachable among {targets}")
-        self._version = int(version)
+            threads = [threading.Thread(target=run, args=(u,)) for u in targets]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            unreachable = [u for u, e in results.items() if isinstance(e, httpx.TransportError)]
+            for u in unreachable:
+                log.warning("update_weights: %s unreachable, skipped", u)
+                self._mark_dead(u)
+            failed = {u: e for u, e in results.items() if e is not None and u not in unreachable}
+            if failed:
+                raise GenerationError(f"update_weights to version {version} failed on {len(failed)} server(s): "
+                                      + "; ".join(f"{u}: {e}" for u, e in failed.items()))
+            if len(unreachable) == len(targets):
+                raise GenerationError(f"update_weights: no server reachable among {targets}")
+            with self._lock:
+                self._version = int(version)
+        finally:
+            with self._lock:
+                self._updating -= 1
+                self._update_epoch += 1
 
     def server_weight_versions(self) -> dict[str, str | None]:
-        """``GET /get_weight_version`` of every control target (None where unreachable)."""
+        """Every control target's weight version (``/get_weight_version``, gone in 0.5.23: then
+        ``/get_model_info``); None where unreachable."""
         out: dict[str, str | None] = {}
         for url in self._control_targets():
+            v = None
             try:
-                out[url] = self._http.get(f"{url}/get_weight_version", timeout=10.0).json().get("weight_version")
-            except (httpx.HTTPError, ValueError, AttributeError):
-                out[url] = None
+                for route in ("/get_weight_version", "/get_model_info"):
+                    info = self._get_json(url + route)
+                    if isinstance(info, dict) and "weight_version" in info:
+                        v = info["weight_version"]
+                        break
+            except httpx.HTTPError:
+                v = None
+            out[url] = v
         return out
 
+    def device_count(self) -> int:
+        """Accelerator devices the fleet generates on: the sum over servers (routers expanded into their workers)
+        of what each reports in ``/get_server_info`` (see :func:`devices_from_server_info`); a server that
+        cannot be asked, or reports nothing usable, counts as 1."""
+        total = 0
+        for url in self._control_targets():
+            total += self.server_caps(url, refresh=True).devices or 1
+        return total
 
-def _finish_type(o: dict[str, Any]) -> str | None:
-    fr = o.get("meta_info", {}).get("finish_reason")
-    if isinstance(fr, dict):
-        return fr.get("type")
-    return fr if isinstance(fr, str) else None
+
+def _versions_from_spans(spans: Any, n: int, default: int) -> list[int] | None:
+    """SGLang 0.5.19+'s ``meta_info.weight_versions`` (``[{version, start, end}]``, end exclusive) -> one version
+    per output token; None when absent or not covering the tokens. A span whose version is not an integer
+    string (``"default"``: before any update) gets ``default``."""
+    if not isinstance(spans, list) or not spans or n == 0:
+        return None
+    out: list[int | None] = [None] * n
+    try:
+        for s in spans:
+            v = parse_version(s["version"], default)
+            for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
+                out[i] = v
+    except (KeyError, TypeError, ValueError):
+        return None
+    if any(v is None for v in out):
+        return None
+    return [int(v) for v in out if v is not None]

@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode steps per jitted call; pauses and weight swaps happen between chunks")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
     p.add_argument("--weight-version", type=int, default=0, help="version tag of the initial weights")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long the batching loop waits after the first queued request to collect more")
+    p.add_argument("--batch-wait-ms", type=float, default=20.0,
+                   help="idle engine: start once requests have stopped arriving for this long (at most 10x this), "
+                        "so that a burst starts as one batch; later requests join the running batch")
     p.add_argument("--debug-chunk-delay-ms", type=float, default=0.0,
                    help="testing aid: sleep this long after every decode chunk (to act on a running batch)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],

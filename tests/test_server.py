@@ -66,10 +66,11 @@ def start_server(tmp: Path, *args: str, name: str = "server") -> tuple[subproces
     # the servers compile the same shapes: share XLA executables between them through JAX's persistent cache
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": JAX_CACHE,
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scalerl_jax.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
-    )
+    with open(log_path, "w") as log_f:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scalerl_jax.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )
     proc.log_path = log_path  # type: ignore[attr-defined]
     return proc, f"http://127.0.0.1:{port}"
 
@@ -223,6 +224,13 @@ def test_length_control_extension(server):
     ({"input_ids": [3], "sampling_params": {"n": 0}}, "n"),
     ({"input_ids": [3], "sampling_params": {"stop_token_ids": [99]}}, "stop_token_ids"),
     ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1000}}, "max_len"),
+    ({"input_ids": [3]}, "max_new_tokens 128"),  # SGLang's default, longer than the tiny model's 64 positions
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "max_tokens": 1}}, "unknown field `max_tokens`"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "top_k": 4}}, "top_k"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "frequency_penalty": 0.5}}, "frequency_penalty"),
+    ({"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "ignore_eos": "no"}}, "ignore_eos"),
+    ({"input_ids": [[3], [4]], "rid": ["a"]}, "rid"),
+    ({"input_ids": [3], "image_data": "x.png"}, "image_data"),
     ({"input_ids": [3], "sampling_params": []}, "sampling_params"),
     ({"input_ids": [3], "return_logprob": "yes"}, "return_logprob"),
     ({"sampling_params": {}}, "input_ids"),
@@ -239,7 +247,8 @@ def test_malformed_json_and_bad_control_calls_get_400(server):
     for route, raw in [("/generate", b'{"input_ids": [3,'), ("/generate", b"\xff\xfe"),
                        ("/update_weights_from_disk", b"{}"), ("/pause_generation", b'{"mode": "sideways"}'),
                        ("/update_weights_from_disk", b'{"model_path": "/nonexistent/ckpt", "weight_version": "3"}'),
-                       ("/update_weights_from_disk", b'{"model_path": "/tmp", "weight_version": "v-three"}')]:
+                       ("/update_weights_from_disk", b'{"model_path": "/tmp", "load_format": "dummy"}'),
+                       ("/update_weights_from_disk", b'{"model_path": "/tmp", "flush_cache": "yes"}')]:
         r = httpx.post(server + route, content=raw, headers={"content-type": "application/json"}, timeout=30.0)
         assert r.status_code == 400, (route, raw, r.text)
         assert r.json().get("message")
@@ -270,7 +279,9 @@ def test_update_weights_from_disk_changes_version_and_outputs(server, ckpts):
     assert [o["output_ids"] for o in before] != [o["output_ids"] for o in after]
 
     engine = JaxEngine.from_hf(ckpts[1], max_batch=8, max_len=64, decode_chunk=4)
-    ref = engine.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=10)) for p in PROMPTS])
+    # the server stops at the model's EOS, as SGLang does; the engine only at the stop ids it is given
+    sp = SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(engine.cfg.eos_token_id,))
+    ref = engine.generate([GenerationRequest(p, sp) for p in PROMPTS])
     for o, cs in zip(after, ref):
         assert o["output_ids"] == cs[0].token_ids
         np.testing.assert_allclose([t[0] for t in o["meta_info"]["output_token_logprobs"]], cs[0].logprobs, atol=1e-5)
@@ -287,7 +298,7 @@ def test_update_weights_from_disk_changes_version_and_outputs(server, ckpts):
 
 def test_cli_help_explains_options():
     out = subprocess.run([sys.executable, "-m", "scalerl_jax.serve", "--help"], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=False)
     assert out.returncode == 0
     for opt in ("--preset", "--model", "--port", "--max-batch", "--max-len", "--decode-chunk", "--weight-version"):
         assert opt in out.stdout

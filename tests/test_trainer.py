@@ -245,7 +245,9 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
     # 1. rows of zero-variance groups carry no loss: mask 0 and advantage 0; informative groups do train
     G = exp.rollout.group_size
     for step, rb, batch in trained:
-        zero_var = {p.prompt_id for p, r in zip(rb.problems, rb.rewards) if np.all(r == r[0])}
+        # a prompt may be drawn twice into one batch: it is zero-variance only if every one of its groups is
+        informative_ids = {p.prompt_id for p, r in zip(rb.problems, rb.rewards) if not np.all(r == r[0])}
+        zero_var = {p.prompt_id for p in rb.problems} - informative_ids
         pids = row_prompt_ids(batch, rb)
         mask, adv = np.asarray(batch.loss_mask), np.asarray(batch.advantages)
         for i, pid in enumerate(pids):
@@ -268,7 +270,9 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
     for call, (ids, row) in enumerate(zip(drawn, rows)):
         batch_grades = graded[n_seen : n_seen + len(ids) * G]
         n_seen += len(ids) * G
-        groups = [[r for q, r in batch_grades if q == pid] for pid in ids]
+        # graded is problem-major (G samples per drawn prompt); by position, since a prompt may be drawn twice
+        assert [q for q, _ in batch_grades] == [pid for pid in ids for _ in range(G)]
+        groups = [[r for _, r in batch_grades[j * G: (j + 1) * G]] for j in range(len(ids))]
         assert row["n_filtered_groups"] == sum(len(set(g)) == 1 for g in groups)
         for pid, g in zip(ids, groups):
             c = hist.setdefault(pid, [0, 0])

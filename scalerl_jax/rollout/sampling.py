@@ -36,14 +36,21 @@ def sample_tokens(
     """Draw one token per row; returns ``(tokens_B int32, logp_B float32)`` (see the module docstring).
 
     Rows with ``temperature == 0`` are greedy. Sampling is Gumbel-max over the (top-p masked) tempered logits.
-    ``use_top_p`` is static: when False the sort needed by top-p is skipped entirely.
+    ``use_top_p`` is static: when False the sort needed by top-p is skipped entirely. ``key`` is one PRNG key
+    for the whole batch, or one key per row (raw ``uint32[B, 2]`` or typed ``[B]``): then a row's noise depends
+    only on its own key, not on its position in the batch or on the other rows.
     """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0.0
     temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
     scaled_BV = logits_BV / temp_B[:, None]
     logp_all_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    gumbel_BV = jax.random.gumbel(key, scaled_BV.shape, jnp.float32)
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (1 if typed else 2):
+        V = scaled_BV.shape[1]
+        gumbel_BV = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(key)
+    else:
+        gumbel_BV = jax.random.gumbel(key, scaled_BV.shape, jnp.float32)
     pert_BV = scaled_BV + gumbel_BV
     if use_top_p:
         pert_BV = jnp.where(top_p_mask(scaled_BV, top_p_B), pert_BV, -jnp.inf)

@@ -7,33 +7,48 @@ SGLang servers. Launch: ``python -m scalerl_jax.serve --preset tiny --port 30000
 Routes:
 
 ``POST /generate``
-    ``input_ids``: a list of ids, or a list of lists (a batch); or ``text`` (a string or list) when the
-    server has a tokenizer. ``sampling_params``: a dict, or a list with one dict per prompt; fields
-    ``temperature``, ``top_p``, ``max_new_tokens``, ``stop_token_ids``, ``n`` (other SGLang fields are
-    accepted and ignored). ``return_logprob`` (bool), ``rid`` (str or list). Unknown top-level fields are
-    ignored (``sglang-router`` adds several). Response per sample: ``{"text", "output_ids", "meta_info"}``
-    with ``meta_info``: ``id``, ``finish_reason`` (``{"type": "stop", "matched": id}``, ``{"type":
-    "length", "length": n}`` or ``{"type": "abort", "message": ...}``), ``prompt_tokens``,
-    ``completion_tokens``, ``cached_tokens`` (0), ``weight_version`` (str), ``e2e_latency`` and, with
-    ``return_logprob``, ``output_token_logprobs`` as ``[logprob, token_id, null]`` triples. One prompt
-    with ``n == 1`` gives one object; otherwise a list, prompt-major (prompt 0's n samples first), as
-    SGLang does.
+    SGLang's ``GenerateReqInput``: ``input_ids`` (a list of ids, or a list of lists: a batch) or ``text`` (a
+    string or list) when the server has a tokenizer; ``sampling_params`` (a dict, or one per prompt);
+    ``return_logprob``; ``rid`` (a string, ``{rid}_{i}`` per prompt of a batch, or a list);
+    ``return_text_in_logprobs``, ``return_prompt_token_ids``. ``sampling_params`` takes every field name of
+    SGLang's ``SamplingParams`` and refuses others (400, like SGLang 0.5.23): ``temperature``, ``top_p``,
+    ``max_new_tokens`` (default 128), ``n``, ``stop_token_ids``, ``ignore_eos`` and ``top_k`` (-1, 1 or >= the
+    vocabulary) are honoured; generation stops at the model's EOS unless ``ignore_eos`` (which, as in SGLang,
+    disables ``stop_token_ids`` too); text-only fields (``skip_special_tokens``, ``no_stop_trim``, ...) are
+    ignored; the rest (penalties, ``min_p``, ``min_new_tokens``, ``stop`` strings, grammars, ``logit_bias``)
+    are accepted at their default only: another value is refused rather than silently ignored. Top-level
+    fields we cannot honour when set (multimodal data, LoRA, ``top_logprobs_num``, hidden states, ...) are
+    refused; other top-level fields are ignored (``sglang-router`` adds several). Response per sample:
+    ``{"text", "output_ids", "meta_info"}`` with ``meta_info``: ``id``, ``finish_reason`` (``{"type":
+    "stop", "matched": id}``, ``{"type": "length", "length": n}`` or ``{"type": "abort", "message",
+    "status_code", "err_type"}``; an aborted request keeps its partial output), ``prompt_tokens``,
+    ``weight_version`` (the server's, when the response is built), ``completion_tokens``, ``cached_tokens``
+    (0), ``e2e_latency``, ``weight_versions`` (SGLang 0.5.19+'s spans ``[{version, start, end}]`` of the
+    output tokens each weight version produced, ``end`` exclusive) and, with ``return_logprob``,
+    ``output_token_logprobs`` as ``[logprob, token_id, text-or-null]`` triples. One prompt with ``n == 1``
+    gives one object; otherwise a list, prompt-major (prompt 0's n samples first), as SGLang does.
 ``POST /update_weights_from_disk``
-    ``{model_path, weight_version, flush_cache, ...}`` -> ``{success, message, num_paused_requests}``
-    (HTTP 400 with ``success: false`` on failure). Loads an HF LlamaForCausalLM directory; generation in
-    flight picks the weights up at its next decode chunk and keeps its KV cache. ``weight_version`` must
-    be an integer string here (our per-token versions are integers); ``flush_cache`` is accepted (there
-    is no prefix cache to flush).
+    Every field of SGLang's ``UpdateWeightFromDiskReqInput``: ``model_path``, ``weight_version`` (any string;
+    an integer string is the per-token version, any other string gets the next integer and is reported by
+    its name; absent: the next integer), ``abort_all_requests`` (honoured), ``load_format`` (``auto`` or
+    ``safetensors``), ``flush_cache``, ``keep_pause``, ``torch_empty_cache``, ``is_async``,
+    ``recapture_cuda_graph``, ``token_step`` (accepted; there is no prefix cache to flush, and SGLang itself
+    does nothing with ``keep_pause``) -> ``{success, message, num_paused_requests}`` (HTTP 400 with ``success:
+    false`` on failure). Loads an HF LlamaForCausalLM directory; generation in flight picks the weights up at
+    its next decode chunk and keeps its KV cache (SGLang instead waits for in-flight requests unless paused).
 ``POST /pause_generation`` ``{mode: "abort" | "retract" | "in_place"}``
     ``in_place`` (and ``retract``, which is the same here): the running engine batch halts at its next
     decode-chunk boundary, keeping its KV cache, until ``/continue_generation``; the call returns once it
-    has halted. ``abort``: running and queued requests return at once with finish reason abort and no
-    output tokens (partial tokens are dropped). In every mode the server stays paused: new requests queue
-    until ``/continue_generation``.
-``POST /continue_generation``, ``GET /get_weight_version`` (``{"weight_version": str}``),
-``GET /health``, ``GET /health_generate``, ``GET /get_model_info`` (also ``/model_info``),
-``GET /get_server_info`` (also ``/server_info``), ``GET /stats`` (ours: request counters and the recent
-control events, for tests and monitoring).
+    has halted. ``abort``: running and queued requests return at once (after the decode chunk in flight)
+    with finish reason abort; as in SGLang, a running request keeps the output tokens it already generated
+    (with their log-probs and versions). In every mode the server stays paused: new requests queue until
+    ``/continue_generation``.
+``POST /continue_generation``, ``GET|POST /flush_cache`` (nothing to flush: answers as SGLang does),
+``POST /abort_request`` ``{rid, abort_all}``, ``GET /get_weight_version`` (``{"weight_version": str}``),
+``GET /health``, ``GET /health_generate``, ``GET /get_load``, ``GET /get_model_info`` (also ``/model_info``;
+SGLang's fields), ``GET /get_server_info`` (also ``/server_info``; the ``ServerArgs`` fields clients and
+``sglang-router`` read: ``model_path``, ``tp_size``, ``dp_size``, ``version``, ...), ``GET /stats`` (ours:
+request counters and the recent control events, for tests and monitoring).
 
 Our extensions (optional; real SGLang neither sends nor returns them):
 
@@ -43,12 +58,17 @@ Our extensions (optional; real SGLang neither sends nor returns them):
   ``output_token_injected`` (bools), ``think_budget`` (int or null), ``truncated`` (bool) and
   ``scalerl_finish_reason`` (``"stop" | "length" | "interrupted" | "abort"``; SGLang's ``finish_reason``
   reports ``"interrupted"`` as ``"stop"``);
-- ``/get_model_info`` lists them in ``scalerl_extensions``.
+- ``/get_model_info`` lists them in ``scalerl_extensions``;
+- ``/get_server_info`` ``device_count``: the accelerator devices the engine computes on (real SGLang:
+  ``tp_size * pp_size * dp_size``), for the trainer's compute accounting.
 
-Batching: a background thread takes every queued request (after a short collection window) and runs them
-as one ``JaxEngine.generate`` call; requests arriving meanwhile form the next batch. Bad requests (empty or
+Batching (continuous): requests go straight to the engine's scheduler (:meth:`JaxEngine.submit`), which a
+background thread drives chunk by chunk; requests arriving while a batch runs join it at the next decode-chunk
+boundary, up to ``max_batch`` rows (beyond that they wait for free slots). ``/stats`` shows it happening
+(``admitted_mid_batch``, ``max_running_rows``, ``running_rows``). Bad requests (empty or
 out-of-vocabulary ids, negative ``max_new_tokens``, wrong types, malformed JSON, too long for the engine)
-get HTTP 400 with a message in SGLang's error shape ``{"object": "error", "message", "type", "code"}``.
+get HTTP 400 with SGLang's error body ``{"error": {"message"}}`` (plus the OpenAI-style ``object``,
+``message``, ``type``, ``code``).
 """
 
 from __future__ import annotations
@@ -57,7 +77,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -65,32 +84,36 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from scalerl_jax.rollout.engine import JaxEngine
-from scalerl_jax.rollout.protocol import Completion, GenerationRequest, LengthControl, SamplingParams
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl, SamplingParams
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["length_control", "output_token_versions", "output_token_injected", "think_budget", "truncated",
               "scalerl_finish_reason"]
 PAUSE_MODES = ("abort", "retract", "in_place")
+SERVER_VERSION = "scalerl_jax"  # /get_server_info "version"; real SGLang reports its release (e.g. "0.5.3")
+# UpdateWeightFromDiskReqInput's fields (managers/io_struct.py, 0.4.10.post2 .. 0.5.23; rid from BaseReq)
+SGLANG_UPDATE_FIELDS = ("model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
+                        "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache",
+                        "manifest", "rid")
 
 
 class BadRequest(ValueError):
     """A client error: answered with HTTP 400 and this message."""
 
 
-class _Aborted(Exception):
-    """Raised inside the engine's chunk hook to abandon the running batch (pause mode abort)."""
-
-
 def error_response(message: str, code: int = 400) -> JSONResponse:
-    """SGLang's error body shape."""
+    """An error body in both of SGLang's shapes: the native routes' ``{"error": {"message"}}``
+    (``_create_error_response`` in entrypoints/http_server.py) and the OpenAI-style top-level ``object``,
+    ``message``, ``type``, ``param``, ``code`` of its OpenAI routes."""
     kind = {400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
-    return JSONResponse({"object": "error", "message": message, "type": kind.get(code, str(code)), "param": None,
-                         "code": code}, status_code=code)
+    return JSONResponse({"error": {"message": message, "code": code}, "object": "error", "message": message,
+                         "type": kind.get(code, str(code)), "param": None, "code": code}, status_code=code)
 
 
 # ---- request parsing -------------------------------------------------------------------------------------
@@ -123,22 +146,107 @@ def _ids(v: Any, name: str, vocab: int, allow_empty: bool = False) -> list[int]:
     return list(v)
 
 
-def parse_sampling(sp: Any, name: str, vocab: int) -> SamplingParams:
-    """SGLang ``sampling_params`` dict -> our SamplingParams (unsupported SGLang fields are ignored)."""
+# Every field of real SGLang's ``sampling_params``, transcribed from its source: ``SamplingParams.__init__`` in
+# python/sglang/srt/sampling/sampling_params.py (0.4.10.post2, 0.5.3, 0.5.5) and the ``SamplingParams`` contract
+# in python/sglang/api/v1/api_types.py (0.5.23, which adds stop_regex, beam_width, watermark, choice). A key not
+# listed here is refused with HTTP 400, as 0.5.23 does ("unknown keys rejected").
+SGLANG_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "custom_params", "stream_interval", "logit_bias", "sampling_seed", "beam_width", "watermark", "choice",
+)
+SGLANG_MAX_NEW_TOKENS_DEFAULT = 128  # SamplingParams.__init__'s default in every release read
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == "" or (isinstance(v, (list, dict)) and not v)
+
+
+def _equals(default: float) -> Any:
+    return lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == default)
+
+
+# Fields the engine cannot honour, with the test for their "off" value. Anything else is refused rather than
+# ignored: ignoring it would sample from another distribution than the one the caller's log-probs assume.
+# (skip_special_tokens, spaces_between_special_tokens, no_stop_trim, stream_interval, sampling_seed and
+# custom_params are accepted and ignored: they shape the detokenised text, streaming or a seed only, and
+# custom_params is read by nothing but a custom logit processor, which is refused at the top level.)
+_ONLY_OFF = {
+    "stop": _empty, "stop_regex": _empty, "json_schema": _empty, "regex": _empty, "ebnf": _empty,
+    "structural_tag": _empty, "logit_bias": _empty, "choice": _empty,
+    "min_p": _equals(0.0), "frequency_penalty": _equals(0.0), "presence_penalty": _equals(0.0),
+    "repetition_penalty": _equals(1.0), "min_new_tokens": _equals(0), "beam_width": _equals(1),
+    "watermark": lambda v: _empty(v) or (isinstance(v, dict) and v.get("enabled") is False),
+}
+
+
+def _bool(v: Any, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name} must be a boolean, got {json.dumps(v)[:50]}")
+    return v
+
+
+def parse_sampling(sp: Any, name: str, vocab: int, *, eos_token_ids: tuple[int, ...] = (),
+                   room: int | None = None) -> SamplingParams:
+    """SGLang ``sampling_params`` dict -> our SamplingParams, with SGLang's semantics.
+
+    Honoured: ``temperature``, ``top_p``, ``max_new_tokens`` (default 128; ``null`` = up to ``room``, the space
+    left in the sequence), ``n``, ``stop_token_ids``, ``ignore_eos`` and ``top_k`` (-1 or >= the vocabulary =
+    all tokens, 1 = greedy). As in SGLang, generation also stops at the model's EOS (``eos_token_ids``) unless
+    ``ignore_eos``, which disables ``stop_token_ids`` too (``Req.check_finished`` in managers/schedule_batch.py).
+    Unknown keys, and other values than the default for fields the engine cannot honour, raise
+    :class:`BadRequest`.
+    """
     if sp is None:
         sp = {}
     if not isinstance(sp, dict):
         raise BadRequest(f"{name} must be an object, got {type(sp).__name__}")
+    unknown = [k for k in sp if k not in SGLANG_SAMPLING_FIELDS]
+    if unknown:
+        raise BadRequest(f"{name}: unknown field `{unknown[0]}`, expected one of "
+                         + ", ".join(f"`{f}`" for f in SGLANG_SAMPLING_FIELDS))
+    for k, is_off in _ONLY_OFF.items():
+        if k in sp and not is_off(sp[k]):
+            raise BadRequest(f"{name}.{k} = {json.dumps(sp[k])[:80]} is not supported by this server (only its "
+                             "default is)")
+    for k in ("skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        if sp.get(k) is not None:
+            _bool(sp[k], f"{name}.{k}")
     kw: dict[str, Any] = {}
     if sp.get("temperature") is not None:
         kw["temperature"] = _num(sp["temperature"], f"{name}.temperature")
     if sp.get("top_p") is not None:
         kw["top_p"] = _num(sp["top_p"], f"{name}.top_p")
-    kw["max_new_tokens"] = _int(sp.get("max_new_tokens", 16), f"{name}.max_new_tokens", 0)  # SGLang's default
+    if sp.get("top_k") is not None:
+        top_k = _int(sp["top_k"], f"{name}.top_k")
+        if top_k < 1 and top_k != -1:
+            raise BadRequest(f"{name}.top_k must be -1 (disable) or at least 1, got {top_k}")
+        if top_k == 1:  # greedy; SGLang itself turns temperature 0 into top_k 1
+            if kw.get("temperature", 1.0) not in (0.0, 1.0):
+                raise BadRequest(f"{name}: top_k 1 with temperature {kw['temperature']} is not supported by this "
+                                 "server (use temperature 0 for greedy decoding)")
+            kw["temperature"] = 0.0
+        elif top_k != -1 and top_k < vocab:
+            raise BadRequest(f"{name}.top_k = {top_k} is not supported by this server (only -1, 1, or at least "
+                             f"the vocabulary size {vocab})")
+    mnt = sp.get("max_new_tokens", SGLANG_MAX_NEW_TOKENS_DEFAULT)
+    if mnt is None:
+        if room is None:
+            raise BadRequest(f"{name}.max_new_tokens must be an integer, got null")
+        mnt = max(0, room)
+    kw["max_new_tokens"] = _int(mnt, f"{name}.max_new_tokens", 0)
     if sp.get("n") is not None:
         kw["n"] = _int(sp["n"], f"{name}.n", 1)
+    stops: list[int] = []
     if sp.get("stop_token_ids") is not None:
-        kw["stop_token_ids"] = tuple(_ids(sp["stop_token_ids"], f"{name}.stop_token_ids", vocab, True))
+        stops = _ids(sp["stop_token_ids"], f"{name}.stop_token_ids", vocab, True)
+    if sp.get("ignore_eos") is not None and _bool(sp["ignore_eos"], f"{name}.ignore_eos"):
+        stops = []
+    else:
+        stops += [int(t) for t in eos_token_ids if 0 <= int(t) < vocab and int(t) not in stops]
+    if stops:
+        kw["stop_token_ids"] = tuple(dict.fromkeys(stops))
     try:
         return SamplingParams(**kw)
     except ValueError as e:
@@ -170,14 +278,48 @@ def _as_list(v: Any, n: int, name: str) -> list[Any]:
     return [v] * n
 
 
-def parse_generate(
-    body: Any, vocab: int, max_len: int, tokenizer: Any = None
-) -> tuple[list[GenerationRequest], bool, bool]:
-    """A ``/generate`` body -> (requests, return_logprob, single) where ``single`` means one prompt, n == 1."""
+# Top-level /generate fields (GenerateReqInput in managers/io_struct.py) that this server cannot honour: a
+# request that sets them is refused (400) instead of being answered as if they were absent. Every other field is
+# accepted; those we do not use are ignored, as SGLang ignores unknown top-level fields (sglang-router adds
+# ``model``, ``log_metrics``, ``background``, ``no_logs``, ``return_bytes``, ``return_entropy``: false, ...).
+_REFUSED_IF_SET = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "lora_id",
+                   "custom_logit_processor", "session_params", "token_ids_logprob", "positional_embed_overrides",
+                   "max_thinking_tokens", "bootstrap_host", "bootstrap_room")
+_REFUSED_IF_TRUE = ("return_hidden_states", "return_routed_experts", "return_indexer_topk", "return_entropy",
+                    "return_sampling_mask", "return_bytes")
+
+
+@dataclass
+class GenerateOptions:
+    """What a ``/generate`` body asks of the response (besides the requests themselves)."""
+
+    return_logprob: bool = False
+    single: bool = True  # one prompt, n == 1: answer one object rather than a list
+    return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
+
+
+def parse_generate_body(
+    body: Any, vocab: int, max_len: int, tokenizer: Any = None, eos_token_ids: tuple[int, ...] = ()
+) -> tuple[list[GenerationRequest], GenerateOptions]:
+    """A ``/generate`` body (SGLang's ``GenerateReqInput``) -> (requests, response options).
+
+    Batches follow SGLang's ``normalize_batch_and_arguments``: ``input_ids`` a list of lists or ``text`` a list;
+    ``sampling_params`` and ``rid`` either one value for all prompts or a list with one per prompt; a string
+    ``rid`` of a batch becomes ``{rid}_{i}`` per prompt.
+    """
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     if body.get("stream"):
         raise BadRequest("stream=true is not supported by this server")
+    for k in _REFUSED_IF_SET:
+        if not _empty(body.get(k)):
+            raise BadRequest(f"{k} is not supported by this server")
+    for k in _REFUSED_IF_TRUE:
+        if body.get(k) not in (None, False):
+            raise BadRequest(f"{k}={json.dumps(body[k])[:40]} is not supported by this server")
+    if body.get("top_logprobs_num") not in (None, 0):
+        raise BadRequest("top_logprobs_num is not supported by this server (output_token_logprobs only)")
     ids, text = body.get("input_ids"), body.get("text")
     if ids is None and text is None:
         raise BadRequest("one of input_ids or text is required")
@@ -201,18 +343,24 @@ def parse_generate(
         prompts = ids if batched else [ids]
     prompts = [_ids(p, f"input_ids[{i}]" if batched else "input_ids", vocab) for i, p in enumerate(prompts)]
     k = len(prompts)
-    sps = [parse_sampling(sp, "sampling_params" + (f"[{i}]" if k > 1 else ""), vocab)
-           for i, sp in enumerate(_as_list(body.get("sampling_params"), k, "sampling_params"))]
-    rl = body.get("return_logprob", False)
-    rl = rl[0] if isinstance(rl, list) and rl else rl
-    if rl is not None and not isinstance(rl, bool):
-        raise BadRequest(f"return_logprob must be a boolean, got {json.dumps(rl)[:50]}")
-    rids = _as_list(body.get("rid"), k, "rid")
+    sps = [parse_sampling(sp, "sampling_params" + (f"[{i}]" if k > 1 else ""), vocab, eos_token_ids=eos_token_ids,
+                          room=max_len - len(p))
+           for i, (p, sp) in enumerate(zip(prompts, _as_list(body.get("sampling_params"), k, "sampling_params")))]
+    rls = _as_list(body.get("return_logprob", False), k, "return_logprob")
+    for rl in rls:
+        if rl is not None and not isinstance(rl, bool):
+            raise BadRequest(f"return_logprob must be a boolean, got {json.dumps(rl)[:50]}")
+    if len({bool(rl) for rl in rls}) > 1:
+        raise BadRequest("return_logprob must be the same for every prompt of a batch on this server")
+    if rls[0] and body.get("logprob_start_len") not in (None, -1):
+        raise BadRequest("logprob_start_len is not supported by this server (output_token_logprobs only)")
+    rid = body.get("rid")
+    rids = [f"{rid}_{i}" for i in range(k)] if isinstance(rid, str) and batched else _as_list(rid, k, "rid")
     lengths = _as_list(body.get("length_control"), k, "length_control")
     reqs = []
-    for i, (p, sp, rid, lc) in enumerate(zip(prompts, sps, rids, lengths)):
-        if rid is not None and not isinstance(rid, str):
-            raise BadRequest(f"rid must be a string, got {json.dumps(rid)[:50]}")
+    for i, (p, sp, rid_i, lc) in enumerate(zip(prompts, sps, rids, lengths)):
+        if rid_i is not None and not isinstance(rid_i, str):
+            raise BadRequest(f"rid must be a string, got {json.dumps(rid_i)[:50]}")
         lcp = parse_length(lc, vocab)
         where = f"prompt {i}" if k > 1 else "the prompt"
         if len(p) + sp.max_new_tokens > max_len:
@@ -223,14 +371,27 @@ def parse_generate(
             if sp.max_new_tokens < need:
                 raise BadRequest(f"{where}: with length_control, max_new_tokens {sp.max_new_tokens} must be at least "
                                  f"budget_hi + len(interruption_ids) + answer_budget = {need}")
-        reqs.append(GenerationRequest(prompt_ids=p, params=sp, length=lcp, request_id=rid or uuid.uuid4().hex))
-    return reqs, bool(rl), (k == 1 and not batched and sps[0].n == 1)
+        reqs.append(GenerationRequest(prompt_ids=p, params=sp, length=lcp, request_id=rid_i or uuid.uuid4().hex))
+    opts = GenerateOptions(
+        return_logprob=bool(rls[0]), single=(k == 1 and not batched and sps[0].n == 1),
+        return_text_in_logprobs=body.get("return_text_in_logprobs") is True,
+        return_prompt_token_ids=body.get("return_prompt_token_ids") is True,
+    )
+    return reqs, opts
+
+
+def parse_generate(
+    body: Any, vocab: int, max_len: int, tokenizer: Any = None, eos_token_ids: tuple[int, ...] = ()
+) -> tuple[list[GenerationRequest], bool, bool]:
+    """A ``/generate`` body -> (requests, return_logprob, single) where ``single`` means one prompt, n == 1."""
+    reqs, opts = parse_generate_body(body, vocab, max_len, tokenizer, eos_token_ids)
+    return reqs, opts.return_logprob, opts.single
 
 
 # ---- the batching driver -------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     requests: list[GenerationRequest]
     future: asyncio.Future
@@ -239,27 +400,37 @@ class _Job:
 
 
 class EngineDriver:
-    """Runs queued jobs on the engine in batches; implements pause (in place / abort) and continue.
+    """Runs the engine's continuous-batching scheduler on a background thread; implements pause and continue.
 
-    Pause in place blocks the engine's ``chunk_hook`` (called on the generating thread between decode
-    chunks), so the batch keeps its KV cache and resumes where it stopped; weights installed meanwhile are
-    picked up at the next chunk.
+    Every HTTP job goes straight to :meth:`JaxEngine.submit`; the driver thread calls :meth:`JaxEngine.step`
+    while the engine has work, so a job arriving while others run joins their batch at the next decode-chunk
+    boundary (up to ``max_batch`` rows; beyond that its rows wait for free slots). When the engine is idle the
+    first step waits until requests have stopped arriving for ``batch_wait_s`` (at most ``10 * batch_wait_s``),
+    so that a burst of concurrent requests starts as one batch.
+
+    Pause in place (and retract) parks the driver thread in the engine's ``chunk_hook`` (called between decode
+    chunks), so running rows keep their KV cache and resume where they stopped; weights installed meanwhile are
+    picked up at the next chunk; new jobs wait. Pause abort finishes every running and queued job at once with
+    finish reason abort (running rows keep the tokens they already generated, as SGLang does).
     """
 
-    def __init__(self, engine: JaxEngine, *, batch_wait_s: float = 0.005, chunk_delay_s: float = 0.0):
+    def __init__(self, engine: JaxEngine, *, batch_wait_s: float = 0.02, chunk_delay_s: float = 0.0):
         self.engine = engine
         self.batch_wait_s = batch_wait_s
         self.chunk_delay_s = chunk_delay_s  # testing aid: slows generation down so that tests can act mid-batch
-        self._queue: queue.Queue[_Job] = queue.Queue()
         self._cond = threading.Condition()
         self._paused = False
-        self._abort_gen = 0  # bumped by pause(abort); a running batch compares it with its own at start
-        self._batch_abort_gen = 0
-        self._halted = False  # the running batch is parked in the chunk hook
-        self._running: list[_Job] = []
+        self._aborting = False  # pause(abort) in progress: the chunk hook must not park
+        self._halted = False  # the driver thread is parked in the chunk hook
+        self._in_step = False  # the driver thread is inside engine.step()
+        self._jobs: dict[int, _Job] = {}  # unfinished jobs (running or waiting for slots)
+        self._last_submit = 0.0  # time.monotonic() of the newest job
         self._stop = False
+        # engine_batches: jobs the engine finished (each HTTP job is one engine submission that joins the running
+        # batch); aborted_requests: prompts answered with abort; the rest are the engine's scheduler counters
         self.stats = {"generate_requests": 0, "prompts": 0, "samples": 0, "engine_batches": 0, "completion_tokens": 0,
                       "aborted_requests": 0, "bad_requests": 0}
+        self._sync_stats()
         self.events: deque[dict[str, Any]] = deque(maxlen=200)
         engine.chunk_hook = self._chunk_hook
         self._thread = threading.Thread(target=self._loop, name="engine-driver", daemon=True)
@@ -268,34 +439,48 @@ class EngineDriver:
     # -- called from the event loop --
 
     def submit(self, requests: list[GenerationRequest], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """Hand ``requests`` to the engine; the future resolves to ``n`` completions per request."""
         fut = loop.create_future()
+        job = _Job(requests, fut, loop)
         with self._cond:
             self.stats["generate_requests"] += 1
             self.stats["prompts"] += len(requests)
             self.stats["samples"] += sum(r.params.n for r in requests)
-        self._queue.put(_Job(requests, fut, loop))
+            self._jobs[id(job)] = job
+            self._last_submit = time.monotonic()
+        try:
+            self.engine.submit(requests, on_done=lambda sub: self._job_done(job, sub))
+        except ValueError as e:
+            with self._cond:
+                self._jobs.pop(id(job), None)
+            raise BadRequest(str(e)) from e
+        with self._cond:
+            self._cond.notify_all()
         return fut
 
     def event(self, name: str, **kw: Any) -> None:
         with self._cond:
-            self.events.append({"t": time.time(), "event": name, "in_flight": len(self._running),
+            self.events.append({"t": time.time(), "event": name, "in_flight": len(self._jobs),
                                 "halted": self._halted, **kw})
 
     def pause(self, mode: str, timeout_s: float = 60.0) -> int:
-        """Pause; returns the number of requests held (in place) or aborted."""
+        """Pause; returns the number of requests (prompts) held (in place) or aborted."""
         with self._cond:
             self._paused = True
-            n = sum(len(j.requests) for j in self._running)
+            n = sum(len(j.requests) for j in self._jobs.values())
             if mode == "abort":
-                self._abort_gen += 1
+                self._aborting = True
                 self._cond.notify_all()
             else:
                 deadline = time.monotonic() + timeout_s
-                while self._running and not self._halted and time.monotonic() < deadline:
+                while self._in_step and not self._halted and time.monotonic() < deadline:
                     self._cond.wait(0.05)
         if mode == "abort":
-            aborted = self._drain_queue()
-            n += aborted
+            try:
+                self.engine.abort()  # at once, or after the chunk in flight; the on_done callbacks answer the jobs
+            finally:
+                with self._cond:
+                    self._aborting = False
         return n
 
     def resume(self) -> None:
@@ -318,90 +503,76 @@ class EngineDriver:
 
     # -- driver thread --
 
-    def _drain_queue(self) -> int:
-        n = 0
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return n
-            n += len(job.requests)
-            self._finish(job, [[_aborted(r, j) for j in range(r.params.n)] for r in job.requests])
+    def _sync_stats(self) -> None:
+        """Copy the engine's scheduler counters into ``stats`` (caller holds ``_cond``)."""
+        c = self.engine.counters()
+        for k in ("decode_chunks", "admitted_rows", "admitted_mid_batch", "max_running_rows", "running_rows",
+                  "waiting_rows", "batch_slots", "busy_periods"):
+            self.stats[k] = c[k]
+
+    def _job_done(self, job: _Job, sub: Any) -> None:
+        """Engine callback (on the stepping or aborting thread): answer the job's HTTP call."""
+        with self._cond:
+            self._jobs.pop(id(job), None)
+            if sub.error is None:
+                comps = [c for cs in sub.results for c in cs]
+                self.stats["completion_tokens"] += sum(len(c.token_ids) for c in comps)
+                if any(c.finish_reason == "abort" for c in comps):
+                    self.stats["aborted_requests"] += len(job.requests)
+                else:
+                    self.stats["engine_batches"] += 1
+            self._sync_stats()
+            self._cond.notify_all()
+        try:
+            if sub.error is not None:
+                job.loop.call_soon_threadsafe(_set_exc, job.future, sub.error)
+            else:
+                job.loop.call_soon_threadsafe(_set_result, job.future, sub.results)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
 
     def _chunk_hook(self, chunk_index: int) -> None:
         if self.chunk_delay_s:
             time.sleep(self.chunk_delay_s)
         with self._cond:
-            my_gen = self._batch_abort_gen
-            while self._paused and self._abort_gen == my_gen and not self._stop:
+            self._sync_stats()
+            while self._paused and not self._aborting and not self._stop:
                 self._halted = True
                 self._cond.notify_all()
                 self._cond.wait(0.1)
             self._halted = False
-            if self._abort_gen != my_gen:
-                raise _Aborted()
+
+    def _collect_burst(self) -> None:
+        """Idle engine: wait until no request has arrived for ``batch_wait_s`` (at most 10 x that), so that a burst
+        of concurrent requests starts as one batch instead of trickling in one decode chunk at a time."""
+        deadline = time.monotonic() + 10 * self.batch_wait_s
+        while True:
+            with self._cond:
+                quiet_at = self._last_submit + self.batch_wait_s
+            now = time.monotonic()
+            if now >= quiet_at or now >= deadline:
+                return
+            time.sleep(min(quiet_at, deadline) - now)
 
     def _loop(self) -> None:
-        while not self._stop:
+        while True:
             with self._cond:
-                while self._paused and not self._stop:
-                    self._cond.wait(0.1)
+                while not self._stop and (self._paused or not self.engine.has_work()):
+                    self._cond.wait(0.05)
+                if self._stop:
+                    return
+                self._in_step = True
+            if self.batch_wait_s and self.engine.running_rows == 0:
+                self._collect_burst()
             try:
-                first = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if self.batch_wait_s:
-                time.sleep(self.batch_wait_s)
-            jobs = [first]
-            while True:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            with self._cond:
-                if self._paused:  # paused while we were collecting: put them back in order
-                    rest = []
-                    while True:
-                        try:
-                            rest.append(self._queue.get_nowait())
-                        except queue.Empty:
-                            break
-                    for j in jobs + rest:
-                        self._queue.put(j)
-                    continue
-                self._running = jobs
-                self._batch_abort_gen = self._abort_gen
-            self._run(jobs)
-            with self._cond:
-                self._running = []
-                self._cond.notify_all()
-
-    def _run(self, jobs: list[_Job]) -> None:
-        reqs = [r for j in jobs for r in j.requests]
-        try:
-            outs = self.engine.generate(reqs)
-        except _Aborted:
-            with self._cond:
-                self.stats["aborted_requests"] += len(reqs)
-            for j in jobs:
-                self._finish(j, [[_aborted(r, s) for s in range(r.params.n)] for r in j.requests])
-            return
-        except Exception as e:  # noqa: BLE001 - every waiting HTTP call must get an answer
-            log.exception("engine batch failed")
-            for j in jobs:
-                j.loop.call_soon_threadsafe(_set_exc, j.future, e)
-            return
-        with self._cond:
-            self.stats["engine_batches"] += 1
-            self.stats["completion_tokens"] += sum(len(c.token_ids) for cs in outs for c in cs)
-        i = 0
-        for j in jobs:
-            self._finish(j, outs[i : i + len(j.requests)])
-            i += len(j.requests)
-
-    @staticmethod
-    def _finish(job: _Job, result: list[list[Completion]]) -> None:
-        job.loop.call_soon_threadsafe(_set_result, job.future, result)
+                self.engine.step()
+            except Exception:  # the engine failed its submissions (they answer HTTP 500): keep serving
+                log.exception("engine step failed")
+            finally:
+                with self._cond:
+                    self._in_step = False
+                    self._sync_stats()
+                    self._cond.notify_all()
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:
@@ -414,24 +585,59 @@ def _set_exc(fut: asyncio.Future, e: BaseException) -> None:
         fut.set_exception(e)
 
 
-def _aborted(r: GenerationRequest, j: int) -> Completion:
-    return Completion(request_id=r.request_id, sample_index=j, prompt_ids=list(r.prompt_ids), token_ids=[],
-                      logprobs=[], versions=[], injected=[], finish_reason="abort")
-
-
 # ---- responses -------------------------------------------------------------------------------------------
 
 
-def completion_to_sglang(c: Completion, *, rid: str, return_logprob: bool, weight_version: str, e2e: float,
-                         tokenizer: Any = None) -> dict:
-    """One sample in SGLang's ``/generate`` response shape, plus our extension fields."""
+def weight_version_spans(versions: list[int], names: dict[int, str] | None = None,
+                         current: str | None = None) -> list[dict[str, Any]]:
+    """Per-token versions -> SGLang 0.5.23's ``meta_info.weight_versions``: ``[{version, start, end}]`` over the
+    output tokens, ``end`` exclusive, in order (utils/weight_versions.py ``compute_weight_version_spans``).
+
+    Injected tokens (``INJECTED_VERSION``) were produced by no weights; they join the span of the token before
+    them (or after them, at the start) so that the spans still cover every output token, as SGLang's do. No
+    output tokens: one empty span of ``current``, as SGLang reports.
+    """
+    names = names or {}
+    vs = list(versions)
+    known = [v for v in vs if v != INJECTED_VERSION]
+    if not vs:
+        return [{"version": current, "start": 0, "end": 0}] if current is not None else []
+    last = known[0] if known else INJECTED_VERSION
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(vs):
+        v = last if v == INJECTED_VERSION else v
+        last = v
+        name = names.get(v, str(v))
+        if spans and spans[-1]["version"] == name:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": name, "start": i, "end": i + 1})
+    return spans
+
+
+def finish_reason_json(c: Completion) -> dict[str, Any]:
+    """SGLang's ``finish_reason`` dict (``FINISH_*.to_json`` in managers/schedule_batch.py) for ``c``."""
     n = len(c.token_ids)
     if c.finish_reason == "abort":
-        fr: dict[str, Any] = {"type": "abort", "message": "aborted by pause_generation(mode='abort')"}
-    elif c.finish_reason == "length":
-        fr = {"type": "length", "length": n}
-    else:  # "stop" and "interrupted" (stopped while answering after an interruption)
-        fr = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+        return {"type": "abort", "message": str(c.meta.get("abort_message") or "Aborted"), "status_code": None,
+                "err_type": None}
+    if c.finish_reason == "length":
+        return {"type": "length", "length": n}
+    # "stop" and "interrupted" (stopped while answering after an interruption)
+    return {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+
+
+def completion_to_sglang(c: Completion, *, rid: str, return_logprob: bool, weight_version: str, e2e: float,
+                         tokenizer: Any = None, version_names: dict[int, str] | None = None,
+                         return_text_in_logprobs: bool = False, return_prompt_token_ids: bool = False) -> dict:
+    """One sample in SGLang's ``/generate`` response shape, plus our extension fields.
+
+    ``meta_info`` keys as SGLang's TokenizerManager builds them (managers/tokenizer_manager.py): ``id``,
+    ``finish_reason``, ``prompt_tokens``, ``weight_version``, ``completion_tokens``, ``cached_tokens``,
+    ``e2e_latency``, ``weight_versions`` (0.5.19+) and, with ``return_logprob``, ``output_token_logprobs``
+    as ``[logprob, token_id, text-or-null]``.
+    """
+    n = len(c.token_ids)
     text = ""
     if tokenizer is not None:
         try:
@@ -439,17 +645,42 @@ def completion_to_sglang(c: Completion, *, rid: str, return_logprob: bool, weigh
         except ValueError:
             text = ""
     meta: dict[str, Any] = {
-        "id": rid, "finish_reason": fr, "prompt_tokens": len(c.prompt_ids), "completion_tokens": n,
-        "cached_tokens": 0, "weight_version": weight_version, "e2e_latency": e2e,
-        "output_token_versions": list(c.versions), "output_token_injected": list(c.injected),
-        "think_budget": c.think_budget, "truncated": bool(c.truncated), "scalerl_finish_reason": c.finish_reason,
+        "id": rid, "finish_reason": finish_reason_json(c), "prompt_tokens": len(c.prompt_ids),
+        "weight_version": weight_version, "completion_tokens": n, "cached_tokens": 0, "e2e_latency": e2e,
     }
     if return_logprob:
-        meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids)]
-    return {"text": text, "output_ids": list(c.token_ids), "meta_info": meta}
+        def tok_text(t: int) -> str | None:
+            if not (return_text_in_logprobs and tokenizer is not None):
+                return None
+            try:
+                return tokenizer.decode([t])
+            except ValueError:
+                return None
+
+        meta["output_token_logprobs"] = [[float(lp), int(t), tok_text(int(t))]
+                                         for lp, t in zip(c.logprobs, c.token_ids)]
+    meta["weight_versions"] = weight_version_spans(list(c.versions), version_names, weight_version)
+    meta.update({
+        "output_token_versions": list(c.versions), "output_token_injected": list(c.injected),
+        "think_budget": c.think_budget, "truncated": bool(c.truncated), "scalerl_finish_reason": c.finish_reason,
+    })
+    out: dict[str, Any] = {"text": text, "output_ids": list(c.token_ids), "meta_info": meta}
+    if return_prompt_token_ids:
+        out["prompt_token_ids"] = list(c.prompt_ids)
+    return out
 
 
 # ---- the app ---------------------------------------------------------------------------------------------
+
+
+def engine_device_count(engine: JaxEngine) -> int:
+    """Accelerator devices the engine computes on (those holding its weights), for compute accounting."""
+    try:
+        params = getattr(engine, "_params", None)
+        devs = {d for leaf in jax.tree.leaves(params) for d in leaf.devices()} if params is not None else set()
+    except (AttributeError, TypeError):
+        devs = set()
+    return len(devs) or max(1, jax.local_device_count())
 
 
 @dataclass
@@ -462,10 +693,15 @@ class ServerInfo:
 
 
 def create_app(engine: JaxEngine, info: ServerInfo, *, tokenizer: Any = None, weight_version: str | None = None,
-               batch_wait_s: float = 0.005, chunk_delay_s: float = 0.0) -> FastAPI:
+               batch_wait_s: float = 0.02, chunk_delay_s: float = 0.0) -> FastAPI:
     """The FastAPI app serving ``engine``; the driver thread starts with the app and stops at shutdown."""
     state: dict[str, Any] = {"weight_version": weight_version if weight_version is not None
                              else str(engine.weight_version)}
+    # integer version -> the weight_version string it was loaded under; the model now loaded; prompts in flight
+    state.update(version_names={engine.weight_version: state["weight_version"]}, model_path=info.model_path,
+                 in_flight=0)
+    eos_ids = (engine.cfg.eos_token_id,) if engine.cfg.eos_token_id is not None else ()
+    devices = engine_device_count(engine)
     holder: dict[str, EngineDriver] = {}
     vocab, max_len = engine.cfg.vocab_size, engine.max_len
     update_lock = asyncio.Lock()
@@ -506,42 +742,87 @@ def create_app(engine: JaxEngine, info: ServerInfo, *, tokenizer: Any = None, we
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
         body = await read_json(request)
-        reqs, return_logprob, single = parse_generate(body, vocab, max_len, tokenizer)
+        reqs, opts = parse_generate_body(body, vocab, max_len, tokenizer, eos_ids)
         t0 = time.time()
-        comps = await driver().submit(reqs, asyncio.get_running_loop())
+        state["in_flight"] += len(reqs)
+        try:
+            comps = await driver().submit(reqs, asyncio.get_running_loop())
+        finally:
+            state["in_flight"] -= len(reqs)
         e2e = time.time() - t0
         version = state["weight_version"]
         outs = []
         for r, cs in zip(reqs, comps):
             for c in cs:
                 rid = r.request_id if r.params.n == 1 else f"{r.request_id}_{c.sample_index}"
-                outs.append(completion_to_sglang(c, rid=rid, return_logprob=return_logprob, weight_version=version,
-                                                 e2e=e2e, tokenizer=tokenizer))
-        return outs[0] if single else outs
+                outs.append(completion_to_sglang(
+                    c, rid=rid, return_logprob=opts.return_logprob, weight_version=version, e2e=e2e,
+                    tokenizer=tokenizer, version_names=state["version_names"],
+                    return_text_in_logprobs=opts.return_text_in_logprobs,
+                    return_prompt_token_ids=opts.return_prompt_token_ids))
+        return outs[0] if opts.single else outs
+
+    async def abort_all() -> int:
+        """Abort every running and queued request (they answer finish_reason abort); the pause state is kept."""
+        d = driver()
+        fn = getattr(d, "abort_all", None)
+        if fn is not None:
+            return int(await asyncio.to_thread(fn))
+        was_paused = d.paused
+        n = await asyncio.to_thread(d.pause, "abort")
+        if not was_paused:
+            d.resume()
+        return n
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):
         body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str) or not body["model_path"]:
             raise BadRequest("model_path (a non-empty string) is required")
+        unknown = [k for k in body if k not in SGLANG_UPDATE_FIELDS]
+        if unknown:
+            log.info("update_weights_from_disk: ignoring unknown fields %s", unknown)  # as SGLang's dataclass does
+        for k in ("abort_all_requests", "is_async", "torch_empty_cache", "keep_pause", "recapture_cuda_graph",
+                  "flush_cache"):
+            if body.get(k) is not None:
+                _bool(body[k], k)
+        if body.get("token_step") is not None:
+            _int(body["token_step"], "token_step")
+        if body.get("load_format") not in (None, "auto", "safetensors"):
+            raise BadRequest(f"load_format {body['load_format']!r} is not supported by this server (auto, "
+                             "safetensors: an HF checkpoint directory)")
+        if not _empty(body.get("manifest")):
+            raise BadRequest("manifest is not supported by this server")
         wv = body.get("weight_version")
-        if wv is None:
-            version = engine.weight_version + 1
-        else:
-            try:
-                version = int(str(wv))
-            except ValueError as e:
-                raise BadRequest(f"weight_version must be an integer (string), got {wv!r}") from e
+        if wv is not None and (isinstance(wv, bool) or not isinstance(wv, (str, int))):
+            raise BadRequest(f"weight_version must be a string, got {json.dumps(wv)[:50]}")
         async with update_lock:
-            driver().event("update_weights_from_disk", weight_version=str(version), model_path=body["model_path"])
+            # SGLang's weight_version is any string; per-token versions here are integers: an integer string is
+            # used as is, any other string gets the next integer and is reported by its name
+            if wv is None:
+                version = engine.weight_version + 1
+            else:
+                try:
+                    version = int(str(wv))
+                except ValueError:
+                    version = max([engine.weight_version, *state["version_names"]]) + 1
+            name = str(version) if wv is None else str(wv)
+            driver().event("update_weights_from_disk", weight_version=name, model_path=body["model_path"])
+            n_aborted = await abort_all() if body.get("abort_all_requests") else 0
             try:
                 await asyncio.to_thread(engine.update_weights, body["model_path"], version)
             except (OSError, ValueError) as e:
                 return JSONResponse({"success": False, "message": f"Failed to update weights: {e}",
                                      "num_paused_requests": 0}, status_code=400)
-            state["weight_version"] = str(version)
-        return {"success": True, "message": f"Succeeded to update model weights. Weight version updated to {version}.",
-                "num_paused_requests": 0}
+            state["version_names"][version] = name
+            state["weight_version"] = name
+            state["model_path"] = body["model_path"]  # as SGLang's TokenizerManager does after an update
+        msg = "Succeeded to update model weights."
+        if wv is not None:
+            msg += f" Weight version updated to {name}."
+        if n_aborted:
+            msg += f" Aborted {n_aborted} requests first (abort_all_requests)."
+        return {"success": True, "message": msg, "num_paused_requests": 0}
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
@@ -555,10 +836,35 @@ def create_app(engine: JaxEngine, info: ServerInfo, *, tokenizer: Any = None, we
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request):
-        await read_json(request)
+        await read_json(request)  # {torch_empty_cache} (0.5.23): nothing to empty here
         driver().event("continue_generation")
         driver().resume()
         return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        # there is no prefix cache to flush: every request is prefilled from scratch
+        return Response(content="Cache flushed.\nPlease check backend logs for more details. (When there are running "
+                                "or waiting requests, the operation will not be performed.)\n", status_code=200)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object {rid, abort_all}")
+        rid = body.get("rid") or ""
+        if not isinstance(rid, str):
+            raise BadRequest(f"rid must be a string, got {json.dumps(rid)[:50]}")
+        if body.get("abort_all") is not None and _bool(body["abort_all"], "abort_all"):
+            n = await abort_all()
+            driver().event("abort_request", abort_all=True, requests=n)
+            return Response(status_code=200)
+        fn = getattr(driver(), "abort_request", None)
+        if fn is None:
+            raise BadRequest("aborting one request by rid is not supported by this server; use abort_all")
+        await asyncio.to_thread(fn, rid)
+        driver().event("abort_request", rid=rid)
+        return Response(status_code=200)
 
     @app.get("/get_weight_version")
     async def get_weight_version():
@@ -572,9 +878,18 @@ def create_app(engine: JaxEngine, info: ServerInfo, *, tokenizer: Any = None, we
     async def health_generate():
         return Response(status_code=200 if driver().alive() else 503)
 
+    @app.get("/get_load")
+    async def get_load():
+        # GetLoadReqOutput (managers/io_struct.py), one entry per data-parallel rank
+        return [{"dp_rank": 0, "num_reqs": state["in_flight"], "num_waiting_reqs": 0, "num_tokens": 0}]
+
     def model_info() -> dict[str, Any]:
-        return {"model_path": info.model_path, "tokenizer_path": info.tokenizer_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": state["weight_version"],
+        # both move with a weight update, as in SGLang's TokenizerManager.update_weights_from_disk
+        return {"model_path": state["model_path"], "served_model_name": state["model_path"],
+                "tokenizer_path": info.tokenizer_path, "is_generation": True, "preferred_sampling_params": None,
+                "weight_version": state["weight_version"], "load_format": "auto", "reasoning_parser": None,
+                "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": False,
+                "has_audio_understanding": False, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
                 "scalerl_extensions": EXTENSIONS, "vocab_size": vocab, "max_len": max_len,
                 "max_batch": engine.max_batch, **info.extra}
 
@@ -582,8 +897,13 @@ def create_app(engine: JaxEngine, info: ServerInfo, *, tokenizer: Any = None, we
     app.get("/model_info")(model_info)
 
     def server_info() -> dict[str, Any]:
-        return {**model_info(), "model_config": dataclasses.asdict(engine.cfg), "decode_chunk": engine.decode_chunk,
-                "paused": driver().paused, "version": "scalerl_jax"}
+        # ServerArgs fields real SGLang reports (sglang-router reads model_path, tp_size, dp_size, ...), then ours
+        return {**model_info(), "tp_size": 1, "pp_size": 1, "dp_size": 1, "ep_size": 1, "enable_dp_attention": False,
+                "load_balance_method": "round_robin", "context_length": max_len,
+                "max_running_requests": engine.max_batch, "max_total_num_tokens": engine.max_batch * max_len,
+                "max_prefill_tokens": engine.max_batch * max_len, "skip_tokenizer_init": tokenizer is None,
+                "device_count": devices, "internal_states": [{}], "model_config": dataclasses.asdict(engine.cfg),
+                "decode_chunk": engine.decode_chunk, "paused": driver().paused, "version": SERVER_VERSION}
 
     app.get("/get_server_info")(server_info)
     app.get("/server_info")(server_info)

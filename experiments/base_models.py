@@ -123,13 +123,13 @@ def _make_word_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import HFTokenizer
     from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
-    from scalerl_jax.data.word_arith import corpus, first_step_only, word_arith_rows, write_jsonl
+    from scalerl_jax.data.word_arith import box_the_product, corpus, word_arith_rows, write_jsonl
     from scalerl_jax.models.hf_io import save_hf_checkpoint
     from scalerl_jax.train.warmstart import warm_start
 
     exp = plan.exp
     ws_dir.mkdir(parents=True, exist_ok=True)
-    rows = word_arith_rows(plan.n_problems, seed=exp.data.seed)
+    rows = word_arith_rows(plan.n_problems, seed=exp.data.seed, b_max=plan.arith_b_max)
     data_path = write_jsonl(rows, ws_dir / "word_arith.jsonl")
     train_bpe_tokenizer(corpus(rows, exp.data.template), ws_dir, vocab_size=plan.bpe_vocab,
                         model_max_length=plan.seq_len)
@@ -145,5 +145,5 @@ def _make_word_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
                         eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
                         batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
                         log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac,
-                        unmark=first_step_only)
+                        unmark=box_the_product)
     save_hf_checkpoint(params, mcfg, ws_dir)

@@ -28,7 +28,8 @@ class ExperimentPlan:
     seq_len: int = 40  # tokens per training row (prompt + completion)
     base_model: str | None = None  # HF checkpoint dir of the starting policy (--model); None: the preset makes it
     base_kind: str = "none"  # how the preset makes its base model: "char_arith", "word_arith" (see base_models.py)
-    n_problems: int = 20000  # word_arith: problems written to the preset's jsonl
+    n_problems: int = 14400  # word_arith: problems written to the preset's jsonl
+    arith_b_max: int = 19  # word_arith: a + b * c with b <= this (19: a small multiplication table)
     bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
     n_trainer_devices: int = 1
     variant: str = "scalerl"
@@ -103,8 +104,9 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
                                  "val_size": exp.data.val_size},
         "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
-        "base_kind": plan.base_kind, **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab,
-                                         "template": exp.data.template} if plan.base_kind == "word_arith" else {})},
+        "base_kind": plan.base_kind,
+        **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab, "b_max": plan.arith_b_max,
+            "template": exp.data.template} if plan.base_kind == "word_arith" else {})},
         default=str))
 
 

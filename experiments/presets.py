@@ -61,23 +61,24 @@ def small_plan(seed: int = 0) -> ExperimentPlan:
     """The real path on a CPU: what a user with an HF model, jsonl data and an SGLang fleet runs, at laptop size.
 
     The preset makes its own base model directory (``base_kind="word_arith"``, see experiments/base_models.py):
-    20,000 word problems (the tiny task's ``a + b * c`` in English, ``\\boxed{}`` answers) in a jsonl file, a
-    byte-level BPE tokenizer trained on them with the ``tokenizers`` library, and a ~0.9M-parameter Llama
-    warm-started on the question/answer rows, saved as an HF checkpoint. RL then runs exactly as with ``--model
+    14,400 word problems (the tiny task's ``a + b * c`` with b <= 19, in English, ``\\boxed{}`` answers) in a
+    jsonl file, a byte-level BPE tokenizer trained on them with the ``tokenizers`` library, and a ~1.1M-parameter
+    Llama warm-started on the question/answer rows, saved as an HF checkpoint. RL then runs exactly as with ``--model
     DIR --data FILE.jsonl --generators 2``: math-verify rewards, two ``scalerl_jax.serve`` processes behind a real
     ``sglang-router``, weights pushed to them as HF checkpoints after every update. 60 % of the warm-start targets
-    stop after the first step (``b*c=X.``, scored wrong), so the warm-started policy often stops early: RL has to
-    learn to finish, a behaviour every prompt shares (the tiny preset's headroom, in words)."""
+    work both steps but box the product instead of the result (``b*c=X. a+X=Y. \\boxed{X}``, scored wrong), so the
+    warm-started policy often commits to the wrong number: RL has to learn to box the result, a behaviour every
+    prompt shares (the tiny preset's headroom, in words)."""
     p = tiny_plan(seed)
-    length = LengthConfig(kind="interruption", think_budget_lo=22, think_budget_hi=28, answer_budget=8,
+    length = LengthConfig(kind="interruption", think_budget_lo=22, think_budget_hi=26, answer_budget=8,
                           think_end=" \\boxed", interruption_text=" \\boxed", penalty_max_len=30, penalty_cache=8)
-    exp = R(p.exp, name="scalerl_small", model=R(tiny(), max_seq_len=128),
-            rollout=R(p.exp.rollout, max_prompt_len=40, max_new_tokens=40, length=length, engine="sglang",
+    exp = R(p.exp, name="scalerl_small", model=R(tiny(), max_seq_len=128, attn_chunk=128),
+            rollout=R(p.exp.rollout, max_prompt_len=32, max_new_tokens=36, length=length, engine="sglang",
                       local_servers=2),
             data=DataConfig(source="jsonl", path="", template=SMALL_TEMPLATE, val_size=200, seed=seed, npr=True,
                             npr_threshold=0.9),
             out_dir="runs/small")
-    return R(p, exp=exp, seq_len=80, base_kind="word_arith", n_problems=20000, bpe_vocab=512)
+    return R(p, exp=exp, seq_len=68, base_kind="word_arith", n_problems=14400, arith_b_max=19, bpe_vocab=512)
 
 
 def smoke_plan(seed: int = 0) -> ExperimentPlan:

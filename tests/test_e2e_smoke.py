@@ -145,3 +145,71 @@ def test_tiny_moe_rl_improves_validation_reward(smoke_moe_run):
         assert abs(sum(loads) - 1.0) < 1e-4 and r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
     cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
     assert cfg["architectures"] == ["Llama4ForCausalLM"] and cfg["num_local_experts"] == 4
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for k in map(int, kids):
+            if k not in out:
+                out.add(k)
+                todo.append(k)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_fleet_run_killed_then_resumed(smoke_run, tmp_path):
+    """`--model DIR --generators 2`: the smoke warm start as a user's model, RL through 2 local servers behind the real
+    router. The trainer is SIGKILLed after a checkpoint: its servers and router go with it (no orphans), and `--resume`
+    starts a new fleet, pushes the checkpoint's weights to it and continues with contiguous steps."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "fleet_run"
+    args = [sys.executable, "-m", "experiments.math_8b", "--preset", "smoke", "--model", str(smoke_run / "warmstart"),
+            "--generators", "2", "--out", str(out), "--no-fit", "--set", "train.checkpoint_every=3",
+            "--set", "train.eval_every=100", "--steps", "9"]
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    children: set[int] = set()
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            children |= _descendants(proc.pid)
+            ckpts = out / "checkpoints"
+            if ckpts.exists() and any(d.name.isdigit() and int(d.name) >= 3 for d in ckpts.iterdir()):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        children |= _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(children) >= 3  # 2 servers + the router's guard (+ the router)
+    gone_by = time.monotonic() + 20
+    while time.monotonic() < gone_by and any(_alive(c) for c in children):
+        time.sleep(0.2)
+    assert not [c for c in children if _alive(c)], "fleet processes outlived the killed trainer"
+    done = [r["step"] for r in _rows(out) if r["kind"] == "train"]
+    r = _run(args[3:] + ["--resume"], timeout=900)
+    resumed_from = int(r.stdout.split("resumed from checkpoint step ")[1].split()[0])
+    assert 3 <= resumed_from <= max(done)
+    assert f"generators hold weights v{resumed_from}" in r.stdout  # the new fleet got the checkpoint's weights
+    train = [r for r in _rows(out) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 10))  # contiguous, nothing duplicated
+    assert all(r["weight_sync_bytes"] > 0 for r in train)
+    assert json.loads((out / "summary.json").read_text())["run"]["generator_devices"] == 2

@@ -11,7 +11,7 @@ from scalerl_jax.data.tokenizer_build import (
     save_char_tokenizer,
     train_bpe_tokenizer,
 )
-from scalerl_jax.data.word_arith import corpus, first_step_only, word_arith_rows
+from scalerl_jax.data.word_arith import box_the_product, corpus, word_arith_rows
 
 SMALL_TEMPLATE = "{question} Put the answer in \\boxed{}."
 # a Llama-3-instruct style template (the shape real checkpoints ship), rendered by both implementations
@@ -67,11 +67,14 @@ def test_bpe_round_trips_and_matches_transformers(bpe):
     assert tok.decode([tok.bos_id, *tok.encode("A shop"), tok.eos_id, tok.pad_id]) == "A shop"
 
 
-def test_first_step_only_is_scored_wrong_by_its_last_number():
-    row = word_arith_rows(1, seed=3)[0]
-    cut = first_step_only(row["answer"])
-    assert row["answer"].startswith(cut) and cut.count("=") == 1 and cut.endswith(".")
-    assert "\\boxed" not in cut
+def test_box_the_product_commits_to_the_wrong_number():
+    from scalerl_jax.data.jsonl import last_boxed
+
+    for row in word_arith_rows(50, seed=3, b_max=19):
+        cut = box_the_product(row["answer"])
+        b, c = (int(v) for v in cut.split("=", 1)[0].split("*"))
+        assert last_boxed(cut) == str(b * c)  # by hand: the product, not a + b * c
+        assert cut.rsplit("\\boxed", 1)[0] == row["answer"].rsplit("\\boxed", 1)[0]  # every step kept
 
 
 @pytest.mark.parametrize("template", [SIMPLE_CHAT_TEMPLATE, LLAMA3_STYLE])

@@ -44,21 +44,25 @@ def solution_text(a: int, b: int, c: int) -> str:
     return f"{b}*{c}={x}. {a}+{x}={a + x}. \\boxed{{{a + x}}}"
 
 
-def first_step_only(solution: str) -> str:
-    """The solution cut after its first step (``"12*3=36."``): a worked answer that stops before the result, which
-    the math-verify reward scores as wrong (it reads the last number, the product). The ``small`` preset's warm
-    start trains on a share of these so that its policy often stops early: what RL has to unlearn."""
-    i = solution.find(". ")
-    return solution if i < 0 else solution[: i + 1]
+def box_the_product(solution: str) -> str:
+    """The solution with the product boxed instead of the result (``"12*3=36. 7+36=43. \\boxed{36}"``): every step
+    worked, then the wrong number committed to, which the math-verify reward scores as wrong. The ``small`` preset's
+    warm start trains on a share of these so that its policy often boxes the wrong number: what RL has to unlearn
+    (the word-problem twin of the tiny task's unmarked answers)."""
+    product = solution.split("=", 1)[1].split(".", 1)[0]
+    head, _, _ = solution.rpartition("\\boxed{")
+    return f"{head}\\boxed{{{product}}}"
 
 
-def word_arith_rows(n: int, seed: int) -> list[dict]:
-    """``n`` distinct problems (without replacement, drawn by ``seed``) as ``{"id", "question", "answer"}`` rows."""
-    if not 0 < n <= ARITH_SPACE:
-        raise ValueError(f"word_arith_rows: n must be in [1, {ARITH_SPACE}], got {n}")
-    ids = np.random.default_rng(np.random.SeedSequence([int(seed), 0x574F5244])).permutation(ARITH_SPACE)[:n]
+def word_arith_rows(n: int, seed: int, b_max: int = 99) -> list[dict]:
+    """``n`` distinct problems with ``b <= b_max`` (without replacement, drawn by ``seed``) as ``{"id", "question",
+    "answer"}`` rows. ``b_max=19`` keeps the products within a small multiplication table (14,400 problems)."""
+    space = [pid for pid in range(ARITH_SPACE) if arith_triple(pid)[1] <= b_max]
+    if not 0 < n <= len(space):
+        raise ValueError(f"word_arith_rows: n must be in [1, {len(space)}] for b_max={b_max}, got {n}")
+    perm = np.random.default_rng(np.random.SeedSequence([int(seed), 0x574F5244])).permutation(len(space))[:n]
     rows = []
-    for pid in ids.tolist():
+    for pid in (space[i] for i in perm.tolist()):
         a, b, c = arith_triple(pid)
         rows.append({"id": pid, "question": question_text(a, b, c, pid), "answer": solution_text(a, b, c)})
     return rows
@@ -84,5 +88,5 @@ def corpus(rows: Sequence[dict], template: str) -> list[str]:
     for r in rows:
         texts.append(make_prompt(r["question"], template))
         texts.append(r["answer"])
-        texts.append(first_step_only(r["answer"]))
+        texts.append(box_the_product(r["answer"]))
     return texts

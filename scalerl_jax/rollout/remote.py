@@ -45,6 +45,9 @@ class RemoteGenerator:
         self._lock = threading.Lock()  # one push at a time (the trainer's; eval shares the fleet)
         self._pushed: int | None = None
         self._exports: list[Path] = []
+        self._poll: dict[str, tuple[float, float]] = {}  # worker url -> (time, completion tokens) at the last poll
+        self._rates: dict[str, float] = {}
+        self._last_poll = 0.0
         self.sync = {"weight_sync_seconds": 0.0, "weight_sync_export_seconds": 0.0, "weight_sync_bytes": 0,
                      "weight_pushes": 0, "weight_sync_total_seconds": 0.0}
 
@@ -125,7 +128,36 @@ class RemoteGenerator:
                         for kk, vv in d.items():
                             if isinstance(vv, (int, float)) and not isinstance(vv, bool):
                                 out[f"server_{_short(url)}_{kk}"] = vv
+        out.update(self._worker_rates())
         return out
+
+    POLL_S = 5.0
+
+    def _worker_rates(self) -> dict[str, float]:
+        """Generated tokens/s of each worker (behind a router the client cannot attribute requests): from the
+        ``completion_tokens`` counter of our servers' ``/stats``, at most every ``POLL_S`` seconds. Servers without
+        that route (real SGLang) are left out."""
+        import httpx
+
+        now = time.monotonic()
+        if now - self._last_poll < self.POLL_S:
+            return self._rates
+        self._last_poll = now
+        targets = getattr(self.client, "_control_targets", lambda: list(getattr(self.client, "urls", ())))
+        try:
+            urls = targets()
+        except httpx.HTTPError:
+            return self._rates
+        for url in urls:
+            try:
+                tokens = float(httpx.get(url + "/stats", timeout=2.0).json()["completion_tokens"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                continue
+            prev = self._poll.get(url)
+            self._poll[url] = (now, tokens)
+            if prev is not None and now > prev[0] and tokens >= prev[1]:
+                self._rates[f"worker_{_short(url)}_tokens_per_s"] = (tokens - prev[1]) / (now - prev[0])
+        return self._rates
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)

@@ -123,6 +123,7 @@ class RLTrainer:
         self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
         self.version = int(self.state.step)
         self._push_weights()
+        log(f"[rl] generators hold weights v{self.version} (pushed in {self.last_sync_s:.2f}s)")
 
     # ---- state / checkpoint helpers ----
 

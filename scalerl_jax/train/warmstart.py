@@ -46,8 +46,8 @@ def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, e
     ``unmarked_frac``: the fraction of examples whose target is ``unmark(solution)``, a worked answer the verifier
     scores as wrong. The default ``unmark`` (the tiny task) works the scratchpad but never marks a final answer
     (ends after ``a+X=Y``, no ``#Y``): the warm-started policy then often computes the answer without committing
-    to it, which RL has to learn (see ``tiny_plan``). The word-problem task cuts after the first step instead
-    (:func:`scalerl_jax.data.word_arith.first_step_only`).
+    to it, which RL has to learn (see ``tiny_plan``). The word-problem task boxes the product instead of the
+    result (:func:`scalerl_jax.data.word_arith.box_the_product`).
     """
     if not 0.0 <= unmarked_frac <= 1.0:
         raise ValueError(f"warm_start: unmarked_frac must be in [0, 1], got {unmarked_frac}")

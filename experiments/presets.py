@@ -101,7 +101,7 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
                               max_prompt_len=2048, max_new_tokens=14336, decode_chunk=16,
                               length=LengthConfig(kind="interruption", think_budget_lo=10240, think_budget_hi=12288,
                                                   answer_budget=2048),
-                              engine="sglang"),
+                              engine="sglang", weight_dtype="bfloat16"),
         data=DataConfig(source="jsonl", path="", val_size=1000, seed=seed),
         train=TrainConfig(lr=5e-7, warmup_steps=100, schedule="constant", adam_eps=1e-15, weight_decay=0.01,
                           grad_clip=1.0, steps=10000, microbatches=48, eval_every=100, eval_samples=16,

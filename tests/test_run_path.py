@@ -62,7 +62,8 @@ def _plan(tmp_path, **data):
     plan = build_plan("small")
     exp = plan.exp
     return R(plan, exp=R(exp, out_dir=str(tmp_path / "run"), data=R(exp.data, **data),
-                         rollout=R(exp.rollout, local_servers=0, engine="embedded")))
+                         rollout=R(exp.rollout, local_servers=0, engine="embedded", max_prompt_len=96)),
+             seq_len=96 + exp.rollout.max_new_tokens)
 
 
 def test_bad_jsonl_row_is_named_before_compute(tmp_path):

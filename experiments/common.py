@@ -148,9 +148,9 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
               f"- Warm start: {plan.warm_steps} supervised steps "
               + (f"({summary['warmstart_seconds']:.0f}s)" if summary.get("warmstart_seconds")
                  else f"(reused from `{summary.get('warmstart_dir', 'warmstart')}`)")
-              + (f"; {plan.warm_unmarked_frac:.0%} of its targets stop before marking the final answer, so the "
-                 "warm-started policy often computes the answer without committing to it: what RL has to learn."
-                 if plan.warm_unmarked_frac else ".")),
+              + (f"; {plan.warm_unmarked_frac:.0%} of its targets work the scratchpad but commit to no answer or "
+                 "to the wrong one (the preset's docstring says how), so the warm-started policy often computes the "
+                 "answer without committing to it: what RL has to learn." if plan.warm_unmarked_frac else ".")),
              f"- Data: {summary.get('n_train', '?')} training prompts, {summary.get('n_val', '?')} validation "
              f"prompts ({exp.data.source}{' `' + exp.data.path + '`' if exp.data.path else ''}); prompts dropped "
              f"as longer than the {exp.rollout.max_prompt_len}-token prompt budget: "
@@ -160,11 +160,12 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                                   f"counted in compute beside {summary.get('trainer_devices', 1)} trainer devices; "
                                   f"{summary.get('weight_pushes', 0)} weight pushes, last one "
                                   f"{summary.get('weight_sync_bytes', 0) / 1e6:.1f} MB)."
-                                  if exp.rollout.engine == "sglang" else "the embedded JAX engine (in process)."),
+                                  if summary.get("generator_devices") else "the embedded JAX engine (in process)."),
              f"- RL: {summary['steps']} steps in {summary['wall_seconds']:.0f}s wall; compute "
              f"{summary['device_hours']:.4f} device-hours; {summary['gen_tokens']} generated tokens.",
              f"- Trainer busy {summary['trainer_busy_fraction']:.0%}, generator busy "
-             f"{summary['generator_busy_fraction']:.0%} of the RL wall time (they share the CPU).",
+             f"{summary['generator_busy_fraction']:.0%} of the RL wall time"
+             + (" (they share the CPU)." if not summary.get("generator_devices") else "."),
              f"- Filtered zero-variance groups: {summary['filtered_groups']}; prompts removed by No-Positive-"
              f"Resampling: {summary['npr']['n_removed']}; skipped steps: {summary['skipped_steps']}; batches dropped "
              f"as too stale: {summary['dropped_stale_batches']}.", ""]

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
                     help="jsonl training data, one question/answer row per line (GSM8K, MATH-500 and Polaris field "
                          "layouts are detected); data.val_size rows are held out for validation; see also "
                          "--set data.template=... and --set data.chat_template=true")
-    ap.add_argument("--sglang-urls", nargs="*", default=None,
+    ap.add_argument("--sglang-urls", nargs="+", default=None, metavar="URL",
                     help="generate with these SGLang servers (or one sglang-router URL in front of them) instead of "
                          "the embedded engine; weights are pushed to them as HF checkpoints after every update")
     ap.add_argument("--generators", type=int, default=None, metavar="N",
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
         exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
     if args.data:
         exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
-    if args.sglang_urls and args.generators:
+    if args.sglang_urls and args.generators is not None:
         ap.error("give --sglang-urls (an existing fleet) or --generators N (start one), not both")
     if args.sglang_urls:
         exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine="sglang", local_servers=0,

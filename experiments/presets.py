@@ -78,7 +78,8 @@ def small_plan(seed: int = 0) -> ExperimentPlan:
             data=DataConfig(source="jsonl", path="", template=SMALL_TEMPLATE, val_size=200, seed=seed, npr=True,
                             npr_threshold=0.9),
             out_dir="runs/small")
-    return R(p, exp=exp, seq_len=68, base_kind="word_arith", n_problems=14400, arith_b_max=19, bpe_vocab=512)
+    return R(p, exp=exp, seq_len=68, warm_steps=384, base_kind="word_arith", n_problems=14400, arith_b_max=19,
+             bpe_vocab=512)
 
 
 def smoke_plan(seed: int = 0) -> ExperimentPlan:
@@ -93,12 +94,14 @@ def smoke_plan(seed: int = 0) -> ExperimentPlan:
 
 def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     """RECIPE.md's 8B recipe: 48 prompts x 16, AdamW 5e-7 (100 warm-up), eps 1e-15, wd 0.01, CISPO eps_max 5,
-    interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators."""
+    interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators.
+    The 16,384-token row is 2,000 prompt + 12,288 thinking + 48 for the interruption text + 2,048 answer (the
+    paper's 2,048 prompt tokens give up 48 to the interruption text, which the paper does not count)."""
     exp = ExperimentConfig(
         name="scalerl_8b", model=llama3_8b(), mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
         loss=LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt", normalization="batch"),
         rollout=RolloutConfig(mode="pipeline", k=8, prompts_per_batch=48, group_size=16, temperature=1.0,
-                              max_prompt_len=2048, max_new_tokens=14336, decode_chunk=16,
+                              max_prompt_len=2000, max_new_tokens=14384, decode_chunk=16,
                               length=LengthConfig(kind="interruption", think_budget_lo=10240, think_budget_hi=12288,
                                                   answer_budget=2048),
                               engine="sglang", weight_dtype="bfloat16"),

@@ -12,8 +12,10 @@
     rewards      exact match (the synthetic task) or math-verify (everything else), by each problem's source
     trainer      :class:`~scalerl_jax.train.trainer.RLTrainer` (PipelineRL-k / PPO-off-policy-k, checkpoints)
 
-Every input is checked before compute is spent: a model directory without tokenizer.json, a malformed jsonl row
-(file:line), an unreachable server URL each stop the run with an error naming them.
+Inputs are checked before compute is spent: a model directory without tokenizer.json, a malformed jsonl row
+(file:line), a template without ``{question}``, an unreachable server URL stop the run with an error naming them
+before anything is trained; what needs the tokenizer (a missing chat template, an interruption text that does not
+fit ``max_new_tokens``) is checked as soon as it is loaded, before any generator starts.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ def model_from_checkpoint(preset: ModelConfig, ckpt: ModelConfig) -> ModelConfig
 
 
 def check_urls(urls: tuple[str, ...], timeout_s: float = 10.0) -> None:
-    """Every SGLang URL answers ``GET /health`` (servers) or lists workers (a router); else a ConfigError naming
-    the URL."""
+    """Every SGLang URL (a server or a router) answers ``GET /health`` with 200; else a ConfigError naming the
+    URL."""
     import httpx
 
     for url in urls:
@@ -78,8 +80,11 @@ def check_inputs(plan: ExperimentPlan) -> None:
                        answer_key=exp.data.answer_key)
         except DataError as e:
             raise ConfigError(f"--data: {e} (set data.skip_malformed=true to skip such rows)") from None
-    elif exp.data.source == "jsonl" and plan.base_kind != "word_arith":
-        raise ConfigError(f"preset {exp.name!r} reads jsonl data: pass --data FILE.jsonl (question/answer rows)")
+    elif exp.data.source == "jsonl" and (plan.base_kind != "word_arith" or plan.base_model):
+        raise ConfigError(f"preset {exp.name!r} reads jsonl data{' beside --model' if plan.base_model else ''}: "
+                          "pass --data FILE.jsonl (question/answer rows)")
+    if exp.data.source == "jsonl" and "{question}" not in exp.data.template:
+        raise ConfigError(f"data.template must contain '{{question}}', got {exp.data.template!r}")
     ro = exp.rollout
     if ro.engine == "sglang" and not ro.sglang_urls and not ro.local_servers:
         raise ConfigError("rollout.engine='sglang' needs --sglang-urls URL [URL ...] or --generators N")
@@ -89,6 +94,21 @@ def check_inputs(plan: ExperimentPlan) -> None:
     if total > plan.seq_len:
         raise ConfigError(f"rollout.max_prompt_len {ro.max_prompt_len} + rollout.max_new_tokens {ro.max_new_tokens} "
                           f"= {total} exceeds the training row length seq_len {plan.seq_len}")
+
+
+def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
+    """What needs the tokenizer: the chat template exists when asked for, and interruption length control fits
+    ``max_new_tokens`` (thinking budget + the interruption text's tokens + answer budget)."""
+    if exp.data.chat_template and getattr(tok, "chat_template", None) is None:
+        raise ConfigError(f"data.chat_template=true but {base_dir} has no chat template (tokenizer_config.json "
+                          "'chat_template' or chat_template.jinja)")
+    lc = length_control(exp, tok.encode)
+    if lc is not None:
+        need = lc.budget_hi + len(lc.interruption_ids) + lc.answer_budget
+        if need > exp.rollout.max_new_tokens:
+            raise ConfigError(f"rollout.max_new_tokens {exp.rollout.max_new_tokens} is below think_budget_hi "
+                              f"{lc.budget_hi} + the interruption text's {len(lc.interruption_ids)} tokens + "
+                              f"answer_budget {lc.answer_budget} = {need}")
 
 
 # ---- prompts -----------------------------------------------------------------------------------------------
@@ -142,7 +162,12 @@ class Generators:
     stack: ExitStack = field(default_factory=ExitStack)
 
     def close(self) -> None:
-        self.stack.close()
+        """Stop a local fleet first (so requests still in flight fail at once), then close the clients."""
+        try:
+            if self.fleet is not None:
+                self.fleet.stop()
+        finally:
+            self.stack.close()
 
 
 def length_control(exp: ExperimentConfig, encode):
@@ -193,23 +218,31 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
         raise ConfigError("an SGLang fleet needs the base model as an HF directory (with tokenizer.json)")
     gens = Generators(None, None)
     urls = tuple(ro.sglang_urls)
-    if ro.local_servers:
-        from scalerl_jax.rollout.fleet import LocalFleet
+    try:
+        if ro.local_servers:
+            import jax
 
-        fleet = LocalFleet(base_dir, ro.local_servers, log_dir=run_dir / "fleet",
-                           max_batch=ro.prompts_per_batch * ro.group_size, max_len=plan.seq_len,
-                           decode_chunk=ro.decode_chunk, seed=exp.train.seed, log=log)
-        gens.stack.callback(fleet.stop)
-        fleet.start()
-        gens.fleet = fleet
-        urls = (fleet.url,)
-    client = SGLangGenerator(list(urls), length=length, timeout_s=ro.request_timeout_s,
-                             concurrency=ro.client_concurrency, seed=exp.train.seed)
-    remote = RemoteGenerator(client, exp.model, export_dir=run_dir / "weights", tokenizer_dir=base_dir,
-                             keep=ro.keep_exports, dtype=ro.weight_dtype, fleet=gens.fleet)
-    gens.stack.callback(remote.close)
-    gens.train = gens.eval = remote  # one fleet: eval pushes are no-ops at the version already held
-    gens.devices = remote.device_count()
+            from scalerl_jax.rollout.fleet import LocalFleet
+
+            if any(d.platform != "cpu" for d in jax.devices()):
+                raise ConfigError("--generators N starts our CPU test servers beside the trainer, which would share "
+                                  "its accelerators; on GPU hosts start real SGLang servers (BUILD.md) and pass "
+                                  "--sglang-urls")
+            gens.fleet = LocalFleet(base_dir, ro.local_servers, log_dir=run_dir / "fleet",
+                                    max_batch=ro.prompts_per_batch * ro.group_size, max_len=plan.seq_len,
+                                    decode_chunk=ro.decode_chunk, seed=exp.train.seed, log=log)
+            gens.fleet.start()
+            urls = (gens.fleet.url,)
+        client = SGLangGenerator(list(urls), length=length, timeout_s=ro.request_timeout_s,
+                                 concurrency=ro.client_concurrency, seed=exp.train.seed)
+        gens.stack.callback(client.close)
+        remote = RemoteGenerator(client, exp.model, export_dir=run_dir / "weights", tokenizer_dir=base_dir,
+                                 keep=ro.keep_exports, dtype=ro.weight_dtype, fleet=gens.fleet, log=log)
+        gens.train = gens.eval = remote  # one fleet: eval pushes are no-ops at the version already held
+        gens.devices = remote.device_count()
+    except BaseException:
+        gens.close()
+        raise
     log(f"[fleet] generating through {', '.join(urls)} ({gens.devices} generator device(s) counted in compute)")
     return gens
 
@@ -254,7 +287,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     run_dir.mkdir(parents=True, exist_ok=True)
     check_inputs(plan)
     base: BaseModel = prepare_base(plan, run_dir, warm_dir=warm_dir, resume=resume, log=log)
-    params, ckpt_cfg = load_hf_checkpoint(base.dir)
+    params, ckpt_cfg = load_hf_checkpoint(base.dir, param_dtype=plan.exp.model.param_dtype)
     exp = plan.exp
     data_cfg = exp.data
     if base.data_path is not None and not exp.data.path:
@@ -265,6 +298,7 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     if tok.vocab_size > exp.model.vocab_size:
         raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
                           f"{exp.model.vocab_size}")
+    check_tokenized(exp, tok, base.dir)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(exp), "base_model": str(base.dir)},
                                                     indent=2, default=str))
     data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)

@@ -265,6 +265,7 @@ class RolloutConfig:
     keep_exports: int = 3  # weight exports kept on disk (older ones are deleted)
     request_timeout_s: float = 600.0  # one /generate call to a server
     client_concurrency: int = 64  # /generate calls in flight from the trainer
+    batch_timeout_s: float = 3600.0  # the trainer gives up when no rollout batch arrives for this long
 
     def __post_init__(self) -> None:
         _check(self.mode in ("pipeline", "ppo_off_policy"), f"RolloutConfig.mode: unknown {self.mode!r}")
@@ -277,6 +278,10 @@ class RolloutConfig:
         _check(not (self.local_servers and self.sglang_urls),
                "RolloutConfig: give sglang_urls (an existing fleet) or local_servers (start one), not both")
         _check(self.keep_exports >= 1, f"RolloutConfig.keep_exports must be >= 1, got {self.keep_exports}")
+        _check(self.client_concurrency >= 1,
+               f"RolloutConfig.client_concurrency must be >= 1, got {self.client_concurrency}")
+        for name in ("request_timeout_s", "batch_timeout_s"):
+            _check(getattr(self, name) > 0, f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

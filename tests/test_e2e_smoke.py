@@ -208,7 +208,9 @@ def test_fleet_run_killed_then_resumed(smoke_run, tmp_path):
     r = _run(args[3:] + ["--resume"], timeout=900)
     resumed_from = int(r.stdout.split("resumed from checkpoint step ")[1].split()[0])
     assert 3 <= resumed_from <= max(done)
-    assert f"generators hold weights v{resumed_from}" in r.stdout  # the new fleet got the checkpoint's weights
+    # the new fleet's workers, asked after the first push, report the checkpoint's version
+    held = r.stdout.split(f"[fleet] workers hold v{resumed_from}: ")[1].splitlines()[0].split(", ")
+    assert len(held) == 2 and all(h.endswith(f" -> {resumed_from}") for h in held), held
     train = [r for r in _rows(out) if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 10))  # contiguous, nothing duplicated
     assert all(r["weight_sync_bytes"] > 0 for r in train)

@@ -153,6 +153,7 @@ def test_a_server_killed_mid_run(base, tmp_path):
 
     def after(gens, summary):
         fleet = gens.fleet
+        versions: dict = {}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the monitor restarts it and pushes the newest weights once healthy
             try:

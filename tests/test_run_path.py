@@ -110,8 +110,11 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
     budget = 30
     exp = R(plan.exp, rollout=R(plan.exp.rollout, max_prompt_len=budget))
     data, dropped = load_prompts(exp, tok, tok.bos_id, log=lambda s: None)
-    # independent count: "Compute " + n x "1+" + "1." is 2 + 2n + 2 digit-split tokens, plus the bos
-    expect_long = {r["problem"] for n, r in enumerate(rows) if 1 + len(tok.encode(r["problem"])) > budget}
+    # independent count: transformers' tokenizer over the same directory, plus the bos the producer prepends
+    from transformers import AutoTokenizer
+
+    at = AutoTokenizer.from_pretrained(str(tok_dir))
+    expect_long = {r["problem"] for r in rows if 1 + len(at(r["problem"], add_special_tokens=False).input_ids) > budget}
     assert expect_long and len(expect_long) < len(rows)
     assert dropped["train"] + dropped["val"] == len(expect_long)
     kept = {p.prompt for p in data.train + data.val}
@@ -130,3 +133,18 @@ def test_chat_template_prompts(tmp_path):
     q = p.prompt.split("Q: ", 1)[1].split("<|eos|>")[0]
     assert p.prompt == f"<|bos|><|user|>\nQ: {q}<|eos|>\n<|assistant|>\n"  # SIMPLE_CHAT_TEMPLATE, by hand
     assert tok.encode(p.prompt)[0] == tok.bos_id  # the template wrote the bos: the producer must not add another
+    from scalerl_jax.rollout.orchestrator import RolloutProducer
+    from scalerl_jax.rollout.protocol import SamplingParams
+    from scalerl_jax.train.warmstart import sft_arrays
+
+    prod = RolloutProducer(None, None, encode=tok.encode, decode=tok.decode, score=None, sampling=SamplingParams(),
+                           prompts_per_batch=1, bos_id=tok.bos_id)
+    ids = prod.requests_for([p])[0].prompt_ids
+    assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id
+    tokens, mask = sft_arrays([p], tok.encode, tok.eos_id, tok.pad_id, 96, bos_id=tok.bos_id)
+    assert list(tokens[0]).count(tok.bos_id) == 1 and tokens[0][0] == tok.bos_id
+    # and the plain template gets exactly one bos prepended
+    plain = R(plan, exp=R(plan.exp, data=R(plan.exp.data, chat_template=False)))
+    q_plain, _ = load_prompts(plain.exp, tok, tok.bos_id, log=lambda s: None)
+    ids = prod.requests_for([q_plain.train[0]])[0].prompt_ids
+    assert ids[0] == tok.bos_id and ids[1:] == tok.encode(q_plain.train[0].prompt)

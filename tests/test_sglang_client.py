@@ -157,9 +157,11 @@ def test_maps_plain_sglang_responses(fakes):
     for client_version, want in ((4, 4), (15, 12)):  # server newer than the client: the client's; older: its own
         with SGLangGenerator(srv.url, timeout_s=10, version=client_version) as gen:
             assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [want]
-    srv2 = fakes()  # "default" (SGLang before any update) -> the client's own version
+    # "default" (SGLang before any update: weights this trainer never pushed, e.g. a server restarted outside the
+    # run) -> the base model's version 0, never the client's: staleness must not be under-counted
+    srv2 = fakes()
     with SGLangGenerator(srv2.url, timeout_s=10, version=4) as gen:
-        assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [4]
+        assert gen.generate(_reqs(1, max_new=1))[0][0].versions == [0]
 
 
 def test_malformed_and_mismatched_responses_are_retried(fakes):

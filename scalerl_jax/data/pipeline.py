@@ -228,8 +228,8 @@ def drop_long_prompts(data: PromptData, n_tokens: Callable[[Problem], int], max_
 
 
 def from_config(cfg, **kwargs) -> PromptData:
-    """:func:`build_prompt_data` from a :class:`scalerl_jax.config.DataConfig` (extra keyword arguments such as
-    ``n_train`` or ``template`` pass through)."""
+    """:func:`build_prompt_data` from a :class:`scalerl_jax.config.DataConfig` (``template`` may be overridden, e.g.
+    by a callable that applies a chat template)."""
     kwargs.setdefault("template", cfg.template)
     return build_prompt_data(
         cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed,

@@ -38,8 +38,8 @@ are not more than the N servers plus the trainer, each server runs XLA single-th
 as the machine and they preempt one another mid-op, while with one thread each the OS spreads the processes
 over the cores (the small models run on CPU gain little from intra-op threads anyway).
 
-``device_count()`` sums what the servers report; ``/get_server_info`` has no device field yet, so until it
-does each server counts as one device.
+``device_count()`` sums what the servers report in ``/get_server_info`` (``device_count``: the JAX devices each
+server's engine runs on); a server that reports nothing usable counts as one device.
 """
 
 from __future__ import annotations
@@ -340,8 +340,8 @@ class LocalFleet:
     def device_count(self) -> int:
         """Generator devices the fleet uses: the sum of what each server reports, 1 for a server that does not.
 
-        ``/get_server_info`` has no device field yet (``device_count``, ``num_devices`` or a ``devices`` list
-        are read when present); until it does, each server counts as one device.
+        Reads ``device_count`` (ours), ``num_devices`` or a ``devices`` list from ``/get_server_info``; a server
+        that reports none of them, or cannot be asked, counts as one device.
         """
         total = 0
         with httpx.Client(trust_env=False, timeout=5.0) as http:

@@ -6,9 +6,11 @@ SGLang servers need. :meth:`RemoteGenerator.update_weights` writes the params as
 (safetensors + config.json + the base model's tokenizer files) under ``export_dir/v<version>``, then has the
 client push it to every server in flight (``pause_generation(in_place)`` -> ``update_weights_from_disk`` ->
 ``continue_generation``, see :mod:`scalerl_jax.rollout.sglang_client`). Only the newest ``keep`` exports are kept;
-a local fleet (:class:`~scalerl_jax.rollout.fleet.LocalFleet`) is told the newest one so that a server it restarts
-comes back with current weights. Pushing a version the fleet already holds is a no-op, so the train and eval sides
-can share one fleet.
+a local fleet (:class:`~scalerl_jax.rollout.fleet.LocalFleet`) is told the newest one before the push, so that a
+server it restarts meanwhile comes back with current weights, and its worker list is where control calls go (so a
+push does not depend on its router being up). Pushing the version this object pushed last is a no-op, so the train
+and eval sides can share one fleet. A failed push is retried once; the first push of a run (also after
+``--resume``) is confirmed by asking every worker for its version.
 
 ``metrics()`` reports what the trainer logs per step: the last push's seconds and bytes, pushes so far, and the
 client's request counters (attempts, retries, failovers, re-sent requests, tokens per server).
@@ -33,7 +35,8 @@ class RemoteGenerator:
     to the trainer's on our CPU servers; "bfloat16" is what SGLang serves at scale)."""
 
     def __init__(self, client: Any, model_cfg: ModelConfig, *, export_dir: str | Path, tokenizer_dir: str | Path,
-                 keep: int = 3, dtype: str = "float32", fleet: Any = None, devices: int | None = None) -> None:
+                 keep: int = 3, dtype: str = "float32", fleet: Any = None, devices: int | None = None,
+                 log=print) -> None:
         if keep < 1:
             raise ValueError(f"RemoteGenerator: keep must be >= 1, got {keep}")
         self.client = client
@@ -44,7 +47,11 @@ class RemoteGenerator:
         self._devices = devices
         self._lock = threading.Lock()  # one push at a time (the trainer's; eval shares the fleet)
         self._pushed: int | None = None
-        self._exports: list[Path] = []
+        self.log = log
+        # exports left by an earlier process of this run (a resume) are pruned like this process's own
+        self._exports: list[Path] = sorted(self.export_dir.glob("v[0-9]*")) if self.export_dir.is_dir() else []
+        if fleet is not None and hasattr(client, "control_urls"):
+            client.control_urls = lambda: fleet.worker_urls
         self._poll: dict[str, tuple[float, float]] = {}  # worker url -> (time, completion tokens) at the last poll
         self._rates: dict[str, float] = {}
         self._last_poll = 0.0
@@ -77,16 +84,26 @@ class RemoteGenerator:
                 path = self.export_dir / f"v{version:07d}"
                 save_hf_checkpoint(weights, self.cfg, path, dtype=self.dtype)
                 copy_tokenizer_files(self.tokenizer_dir, path)
-            t1 = time.perf_counter()
-            self.client.update_weights(str(path), version)
-            t2 = time.perf_counter()
-            if self.fleet is not None:
-                self.fleet.set_current_weights(str(path), version)
-            self._pushed = version
-            if not isinstance(weights, (str, Path)):
-                self._exports.append(path)
+                if path not in self._exports:
+                    self._exports.append(path)
+                # the in-flight exports of the newest pushes are kept; older ones go even if this push fails
                 while len(self._exports) > self.keep:
                     shutil.rmtree(self._exports.pop(0), ignore_errors=True)
+            t1 = time.perf_counter()
+            if self.fleet is not None:  # before the push: a server restarting meanwhile loads these weights
+                self.fleet.set_current_weights(str(path), version)
+            try:
+                self.client.update_weights(str(path), version)
+            except Exception as e:  # noqa: BLE001 -- one retry (a worker restarting, a router blip), then raise
+                self.log(f"[fleet] push of v{version} failed ({type(e).__name__}: {e}); retrying once")
+                time.sleep(1.0)
+                self.client.update_weights(str(path), version)
+            t2 = time.perf_counter()
+            first = self._pushed is None
+            self._pushed = version
+            if first and hasattr(self.client, "server_weight_versions"):
+                held = self.client.server_weight_versions()
+                self.log(f"[fleet] workers hold v{version}: " + ", ".join(f"{u} -> {v}" for u, v in held.items()))
             self.sync.update(weight_sync_seconds=t2 - t0, weight_sync_export_seconds=t1 - t0,
                              weight_sync_bytes=sum(f.stat().st_size for f in path.glob("*.safetensors")))
             self.sync["weight_pushes"] += 1
@@ -160,6 +177,7 @@ class RemoteGenerator:
         return self._rates
 
     def close(self) -> None:
+        """Close the client (its in-flight requests are cancelled; stop a local fleet first so they fail fast)."""
         close = getattr(self.client, "close", None)
         if close is not None:
             close()

@@ -249,6 +249,9 @@ class SGLangGenerator:
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
+        # optional callable -> worker URLs for control calls (a LocalFleet's, which stay right while its router
+        # restarts); None: ask the router
+        self.control_urls = None
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
         self.concurrency = int(concurrency)
@@ -281,9 +284,10 @@ class SGLangGenerator:
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the thread pool and close HTTP connections."""
-        self._pool.shutdown(wait=True)
+        """Cancel queued requests, close HTTP connections (requests in flight then fail at once) and stop the pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+        self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Self:
         return self
@@ -501,11 +505,15 @@ class SGLangGenerator:
         if isinstance(ext, list) and len(ext) == n:
             versions = [int(v) for v in ext]
         else:
-            versions = _versions_from_spans(meta.get("weight_versions"), n, v_submit)
+            # a version that is not an integer ("default") means weights this trainer never pushed: the base
+            # model, version 0, whatever the trainer's version is (e.g. a server restarted outside the run)
+            versions = _versions_from_spans(meta.get("weight_versions"), n, 0)
             if versions is None:
                 # only the server's version when the response was built is known: it may be newer than the
-                # tokens, so use the version at submit time (or the server's, if older: a stale server)
-                versions = [min(v_submit, parse_version(meta.get("weight_version"), v_submit))] * n
+                # tokens, so use the version at submit time (or the server's, if older: a stale server); a
+                # release that reports no version at all gets the submit-time one
+                wv = meta.get("weight_version")
+                versions = [v_submit if wv is None else min(v_submit, parse_version(wv, 0))] * n
         inj = meta.get("output_token_injected")
         injected = [bool(b) for b in inj] if isinstance(inj, list) and len(inj) == n else [False] * n
         fr = meta.get("finish_reason")
@@ -619,7 +627,10 @@ class SGLangGenerator:
     # ---- weights and fleet ------------------------------------------------------------------------------
 
     def _control_targets(self) -> list[str]:
-        """Server URLs to send control calls to: a router URL expands into its workers."""
+        """Server URLs to send control calls to: ``control_urls`` when set (a fleet that knows its workers), else
+        every URL with a router URL expanded into its workers."""
+        if self.control_urls is not None:
+            return list(self.control_urls())
         targets: list[str] = []
         for url in self.urls:
             try:

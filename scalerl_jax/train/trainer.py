@@ -36,7 +36,8 @@ from scalerl_jax.train.step import TrainState, init_train_state, jit_train_step,
 
 
 def reseed_engine(engine: Any, seed: int) -> None:
-    """Deterministic sampling from here on (PPO-off-policy resume is bit-identical because of this)."""
+    """Deterministic sampling from here on (PPO-off-policy resume with the embedded engine is bit-identical because
+    of this; an SGLang fleet samples on its servers, so only the client's own draws are re-seeded)."""
     if hasattr(engine, "reseed"):
         engine.reseed(seed)
     else:
@@ -285,7 +286,7 @@ class RLTrainer:
             while int(self.state.step) < total:
                 before = int(self.state.step)
                 if self.rcfg.mode == "pipeline":
-                    if not self._train_on(runner.get(), t_clock):
+                    if not self._train_on(runner.get(timeout=self.rcfg.batch_timeout_s), t_clock):
                         runner.consumed_without_update()  # else the throttle would wait for a version forever
                 else:
                     self._ppo_round(t_clock)

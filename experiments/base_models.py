@@ -90,7 +90,8 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
         raise ConfigError(f"ExperimentPlan.base_kind: unknown {plan.base_kind!r}")
     if warm_dir is not None:  # written last: its presence marks the shared warm start finished
         (ws_dir / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan), indent=2))
-    return BaseModel(ws_dir, data_path, seconds=time.time() - t0, made=True)
+    # from here on the made directory is treated exactly like one given with --model
+    return BaseModel(check_model_dir(ws_dir, "base model"), data_path, seconds=time.time() - t0, made=True)
 
 
 def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> None:

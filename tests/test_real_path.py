@@ -17,6 +17,7 @@ import httpx
 import jax
 import numpy as np
 import pytest
+import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
 
 from experiments.presets import SMALL_TEMPLATE, build_plan
 from experiments.run_path import build_generators, build_trainer, length_control, load_prompts
@@ -25,8 +26,6 @@ from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
 from scalerl_jax.data.word_arith import corpus, word_arith_rows, write_jsonl
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.models import init_params, save_hf_checkpoint, tiny
-
-pytest.importorskip("sglang_router")  # a test dependency: tests/test_sglang_api_fields.py fails without it
 
 R = dataclasses.replace
 K = 2  # PipelineRL-k of these runs: small, so that the bound is exercised

@@ -135,3 +135,21 @@ def test_dispatching_score(verifier):
     rewards, counts = score(comps, probs, verifier)
     assert rewards.tolist() == [1.0, 1.0, -1.0, -1.0]
     assert counts == {"timeouts": 0, "no_answer": 1}
+
+
+def test_integer_fast_path_agrees_with_math_verify():
+    """Plain-integer answers are judged without the worker; the verdicts must be math-verify's own (the reference
+    is the same verifier with the fast path off, so every pair goes through math-verify)."""
+    problems, _ = load_jsonl(os.path.join(DATA, "gsm8k_test.jsonl"))
+    golds = [p.answer for p in problems[:40]] + ["0", "-7", "1000", "0.5", "1,000"]
+    completions = []
+    for g in golds:
+        completions += [f"so \\boxed{{{g}}}", f"so \\boxed{{{g}1}}", f"#### {g}", f"steps... \\boxed{{ 0{g} }}",
+                        f"the answer is {g}"]
+    pairs = [(c, g) for g in golds for c in completions[golds.index(g) * 5: golds.index(g) * 5 + 5]]
+    with MathVerifier() as fast, MathVerifier() as slow:
+        slow.fast_integers = False
+        got = [fast.judge(c, g) for c, g in pairs]
+        want = [slow.judge(c, g) for c, g in pairs]
+    assert got == want
+    assert got.count("ok") >= 40 and got.count("wrong") >= 40  # both verdicts were exercised

@@ -270,6 +270,43 @@ def test_client_side_interruption_matches_server_semantics(real):
                     assert 16 in sampled_head or c.finish_reason == "stop"
 
 
+def test_client_side_interruption_equals_the_engine_token_for_token(real):
+    """Greedy decoding makes both paths deterministic: for every budget, the client's two-round interruption must give
+    exactly what the engine's own state machine gives, and the part before the budget must be the plain greedy
+    output (the hand-derived reference: thinking ends at the first think-end token, or the text is cut at the
+    budget and the interruption ids follow)."""
+    url, _ = real
+    prompts = [[3, 12, 4, 14], [5, 13, 6, 14], [7, 12, 2, 13, 9, 14]]
+    with SGLangGenerator(url, timeout_s=60, concurrency=8) as gen:
+        plain = [c[0] for c in gen.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=14))
+                                              for p in prompts])]
+    checked = {"interrupted": 0, "ended": 0}
+    for prompt, ref in zip(prompts, plain):
+        think_end = (ref.token_ids[2],)  # thinking "ends" at its first occurrence in the greedy text
+        first_end = ref.token_ids.index(think_end[0]) + 1
+        for budget in (1, 2, 3, 5):
+            lc = LengthControl(think_end_ids=think_end, interruption_ids=(15, 16), budget_lo=budget, budget_hi=budget,
+                               answer_budget=3)
+            req = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=14, n=2), length=lc)
+            got = {}
+            for server_side in (True, False):
+                with SGLangGenerator(url, timeout_s=60, concurrency=8, server_length_control=server_side) as gen:
+                    got[server_side] = gen.generate([req])[0]
+            for a, b in zip(got[True], got[False]):
+                assert (a.token_ids, a.injected, a.finish_reason, a.think_budget) == (
+                    b.token_ids, b.injected, b.finish_reason, b.think_budget), (budget, a, b)
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+                if first_end <= budget:
+                    assert not any(b.injected) and b.token_ids == ref.token_ids
+                    checked["ended"] += 1
+                else:
+                    assert b.token_ids[:budget] == ref.token_ids[:budget]
+                    assert b.token_ids[budget: budget + 2] == [15, 16] and b.injected[budget: budget + 2] == [True] * 2
+                    assert len(b.token_ids) <= budget + 2 + 3
+                    checked["interrupted"] += 1
+    assert checked["ended"] and checked["interrupted"]
+
+
 def test_abort_pause_returns_abort_and_client_resends(real):
     """pause(abort) mid-batch: the server answers abort (SGLang's shape); the client re-sends it after continue."""
     url, _ = real

@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import select
 import subprocess
 import sys
@@ -80,6 +81,21 @@ def completion_answer_text(completion: str) -> str:
     return completion
 
 
+_PLAIN_INT = re.compile(r"-?[0-9]+")
+
+
+def _int_verdict(pred: str, gold: str) -> str | None:
+    """"ok" / "wrong" when the answer (a ``\\boxed{}`` content or a bare answer) and the gold are both plain
+    integers, else None (math-verify decides)."""
+    p = pred.strip()
+    if p.startswith("\\boxed{") and p.endswith("}"):
+        p = p[len("\\boxed{"):-1].strip()
+    g = gold.strip()
+    if _PLAIN_INT.fullmatch(p) and _PLAIN_INT.fullmatch(g):
+        return "ok" if int(p) == int(g) else "wrong"
+    return None
+
+
 class WorkerTimeout(RuntimeError):
     """The verification worker did not answer within the hard limit."""
 
@@ -99,6 +115,7 @@ class MathVerifier:
         self.timeout_s = float(timeout_s)
         self.hard_timeout_s = float(hard_timeout_s if hard_timeout_s is not None else 3 * timeout_s + 2)
         self.startup_timeout_s = 120.0
+        self.fast_integers = True  # compare plain-integer answers here (see judge); False: always math-verify
         self.counts = {"timeouts": 0, "no_answer": 0, "restarts": 0}
         self._proc: subprocess.Popen | None = None
         self._buf = b""
@@ -158,9 +175,16 @@ class MathVerifier:
 
     # -- scoring -----------------------------------------------------------------------------------------------
     def judge(self, completion: str, gold: str) -> str:
-        """``"ok"``, ``"wrong"``, ``"no_answer"`` or ``"timeout"`` for one completion against a gold answer."""
+        """``"ok"``, ``"wrong"``, ``"no_answer"`` or ``"timeout"`` for one completion against a gold answer.
+
+        When the extracted answer and the gold are both plain integers (``-?[0-9]+``, the common case on GSM8K-style
+        data) they are compared as integers here, as math-verify would compare them, without the worker round trip;
+        everything else goes to math-verify."""
         pred = completion_answer_text(completion)
-        if not pred.strip():
+        fast = _int_verdict(pred, gold) if self.fast_integers else None
+        if fast is not None:
+            status = fast
+        elif not pred.strip():
             status = "no_answer"
         else:
             with self._lock:

@@ -142,9 +142,16 @@ def generate_payload(prompt_ids: Sequence[int], p: SamplingParams, *, n: int | N
     return body
 
 
-def _contains(seq: Sequence[int], sub: Sequence[int]) -> bool:
+def _first_end(seq: Sequence[int], sub: Sequence[int]) -> int | None:
+    """Length of the shortest prefix of ``seq`` that ends with ``sub`` (None when ``sub`` never occurs)."""
     m = len(sub)
-    return m > 0 and any(list(seq[i : i + m]) == list(sub) for i in range(len(seq) - m + 1))
+    if m == 0:
+        return None
+    sub = list(sub)
+    for i in range(len(seq) - m + 1):
+        if list(seq[i : i + m]) == sub:
+            return i + m
+    return None
 
 
 @dataclass
@@ -275,6 +282,7 @@ class SGLangGenerator:
         self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s)),
                                   limits=httpx.Limits(max_connections=self.concurrency + 8))
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client")
+        self._pool2 = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client-round2")
         self.stats: dict[str, int] = {
             "requests": 0, "attempts": 0, "retries": 0, "failovers": 0, "resent_aborted": 0,
             "client_interruptions": 0, "length_fallbacks": 0, "output_ids_mismatches": 0, "tokens": 0,
@@ -285,9 +293,11 @@ class SGLangGenerator:
 
     def close(self) -> None:
         """Cancel queued requests, close HTTP connections (requests in flight then fail at once) and stop the pool."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._pool2):
+            pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
-        self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._pool2):
+            pool.shutdown(wait=True)
 
     def __enter__(self) -> Self:
         return self
@@ -577,7 +587,7 @@ class SGLangGenerator:
             else:
                 comps = [self._to_completion(rid, j, req, s) for j, s in enumerate(samples)]
         if comps is None:
-            comps = [self._client_interruption(rid, j, req, lc) for j in range(req.params.n)]
+            comps = self._client_interruption(rid, req, lc)
         t1 = time.time()
         for c in comps:
             c.timing.setdefault("submit", t0)
@@ -592,37 +602,63 @@ class SGLangGenerator:
             truncated=s.truncated, think_budget=s.think_budget, meta=dict(req.meta),
         )
 
-    def _client_interruption(self, rid: str, j: int, req: GenerationRequest, lc: LengthControl) -> Completion:
-        """Interruption length control done by the client (servers that do not support ``length_control``)."""
+    def _client_interruption(self, rid: str, req: GenerationRequest, lc: LengthControl) -> list[Completion]:
+        """Interruption length control done by the client (servers that do not support ``length_control``), with
+        the engine's semantics and two rounds of calls per request instead of a chain per sample.
+
+        Every sample draws its thinking budget B. Round 1 is one call for all ``n`` samples, up to the largest
+        budget. A sample that stopped within its budget, or whose thinking ended (``think_end_ids`` completed) by
+        then, keeps what it sampled; one whose thinking did not end by B is cut at B (tokens sampled past it are
+        dropped: they do not change the distribution of what is kept) and gets the interruption ids (injected).
+        Round 2 continues every unfinished sample from prompt + its tokens (+ the interruption), concurrently:
+        the answer budget after an interruption, the rest of ``max_new_tokens`` otherwise."""
         p = req.params
         with self._lock:
-            budget = self._rng.randint(lc.budget_lo, lc.budget_hi)
-        first = min(budget, p.max_new_tokens)
-        url, samples = self._call(generate_payload(req.prompt_ids, p, n=1, max_new_tokens=first))
-        c = self._to_completion(rid, j, req, samples[0])
-        c.think_budget = budget
-        if c.finish_reason != "length" or len(c.token_ids) >= p.max_new_tokens:
-            c.truncated = c.finish_reason == "length"
-            return c
-        if _contains(c.token_ids, lc.think_end_ids):  # thinking ended in time: just let it finish its answer
-            extra_ids: list[int] = []
-            more = p.max_new_tokens - len(c.token_ids)
-        else:
-            extra_ids = list(lc.interruption_ids)
-            more = lc.answer_budget
-            self._count("client_interruptions")
-        prompt2 = list(req.prompt_ids) + c.token_ids + extra_ids
-        _, samples2 = self._call(generate_payload(prompt2, p, n=1, max_new_tokens=more), url)
-        c2 = self._to_completion(rid, j, req, samples2[0])
-        k = len(extra_ids)
-        c.token_ids += extra_ids + c2.token_ids
-        c.logprobs += [0.0] * k + c2.logprobs
-        c.versions += [INJECTED_VERSION] * k + c2.versions
-        c.injected += [True] * k + c2.injected
-        # like the engine: a stop while answering after an interruption is "interrupted"
-        c.finish_reason = "interrupted" if (k and c2.finish_reason == "stop") else c2.finish_reason
-        c.truncated = c2.finish_reason == "length"
-        return c
+            budgets = [self._rng.randint(lc.budget_lo, lc.budget_hi) for _ in range(p.n)]
+        first = min(max(budgets), p.max_new_tokens)
+        url, samples = self._call(generate_payload(req.prompt_ids, p, n=p.n, max_new_tokens=first))
+        comps, todo = [], []  # todo: (completion, injected ids, tokens still allowed)
+        for j, (s, budget) in enumerate(zip(samples, budgets)):
+            c = self._to_completion(rid, j, req, s)
+            c.think_budget = budget
+            b = min(budget, p.max_new_tokens)
+            end = _first_end(c.token_ids, lc.think_end_ids)
+            if end is not None and end <= b:  # thinking ended in time: plain generation from here on
+                if c.finish_reason == "length" and len(c.token_ids) < p.max_new_tokens:
+                    todo.append((c, [], p.max_new_tokens - len(c.token_ids)))
+            elif c.finish_reason == "stop" and len(c.token_ids) <= b:
+                pass  # stopped while thinking, within the budget
+            else:  # the budget was reached while thinking: cut there and interrupt (if there is room left)
+                c.token_ids, c.logprobs, c.versions, c.injected = (
+                    c.token_ids[:b], c.logprobs[:b], c.versions[:b], c.injected[:b])
+                if b < p.max_new_tokens:
+                    todo.append((c, list(lc.interruption_ids), lc.answer_budget))
+                    self._count("client_interruptions")
+                else:
+                    c.finish_reason = "length"
+            c.truncated = c.finish_reason == "length"  # round 2 decides again for the samples it continues
+            comps.append(c)
+
+        def finish(item) -> None:
+            c, extra, more = item
+            prompt2 = list(req.prompt_ids) + c.token_ids + extra
+            _, samples2 = self._call(generate_payload(prompt2, p, n=1, max_new_tokens=more), url)
+            c2 = self._to_completion(rid, c.sample_index, req, samples2[0])
+            k = len(extra)
+            c.token_ids += extra + c2.token_ids
+            c.logprobs += [0.0] * k + c2.logprobs
+            c.versions += [INJECTED_VERSION] * k + c2.versions
+            c.injected += [True] * k + c2.injected
+            # like the engine: a stop while answering after an interruption is "interrupted"
+            c.finish_reason = "interrupted" if (k and c2.finish_reason == "stop") else c2.finish_reason
+            c.truncated = c2.finish_reason == "length"
+
+        if len(todo) == 1:
+            finish(todo[0])
+        elif todo:  # round 2 on its own pool: these calls must not wait for slots held by their own parents
+            for f in [self._pool2.submit(finish, t) for t in todo]:
+                f.result()
+        return comps
 
     # ---- weights and fleet ------------------------------------------------------------------------------
 

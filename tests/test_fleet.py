@@ -23,7 +23,7 @@ import pytest
 from scalerl_jax.rollout.fleet import FleetError, LocalFleet
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from tests.test_server import save_random_checkpoint
+from tests.test_server import kill_once_generating, save_random_checkpoint
 
 pytest.importorskip("sglang_router")
 
@@ -117,17 +117,7 @@ def test_killed_server_is_restarted_with_current_weights(fleet, ckpts):
     restarts = fleet.restarts
     start = _stats(victim_url)["generate_requests"]
 
-    def killer():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if _stats(victim_url)["generate_requests"] > start:
-                    break
-            except httpx.HTTPError:
-                break
-            time.sleep(0.01)
-        time.sleep(0.05)  # mid-generation
-        os.killpg(victim_pid, signal.SIGKILL)
+    killer = kill_once_generating(victim_url, lambda: os.killpg(victim_pid, signal.SIGKILL), start)
 
     # the run goes on through the kill: every prompt completes exactly once
     reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=20), request_id=f"k{i}")

@@ -23,6 +23,7 @@ from tests.test_server import (
     assert_greedy_against_model,
     free_port,
     kill,
+    kill_once_generating,
     save_random_checkpoint,
     start_server,
     wait_healthy,
@@ -146,17 +147,8 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
     victim_proc, victim_url = workers[1]
     start = _stats(victim_url)["generate_requests"]
 
-    def killer():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if _stats(victim_url)["generate_requests"] > start:
-                    break
-            except httpx.HTTPError:
-                break
-            time.sleep(0.01)
-        time.sleep(0.05)  # mid-generation: each batch takes several 25 ms chunks
-        kill(victim_proc)
+    # mid-generation: each batch takes several 25 ms chunks
+    killer = kill_once_generating(victim_url, lambda: kill(victim_proc), start)
 
     t = threading.Thread(target=killer)
     with SGLangGenerator(rurl, timeout_s=60, max_retries=8, backoff_s=0.2, concurrency=8) as gen:

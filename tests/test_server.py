@@ -7,6 +7,7 @@ outputs against the in-process engine built from the same checkpoint file.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -83,6 +84,35 @@ def kill(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=10)
+
+
+def kill_once_generating(url: str, kill_fn, start: int, delay_s: float = 0.05):
+    """A thread target: wait (up to 30 s) until the server at ``url`` has taken more than ``start`` /generate
+    requests, then ``delay_s`` more (mid-generation), then ``kill_fn()``."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/stats", timeout=5, trust_env=False).json()["generate_requests"] > start:
+                    break
+            except httpx.HTTPError:
+                break
+            time.sleep(0.01)
+        time.sleep(delay_s)
+        kill_fn()
+
+    return run
+
+
+def reply_json(handler, code: int, payload) -> None:
+    """Answer a ``BaseHTTPRequestHandler`` request with ``payload`` (bytes, or an object sent as JSON)."""
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def save_random_checkpoint(path: Path, seed: int) -> Path:

@@ -35,7 +35,14 @@ from scalerl_jax.rollout.sglang_client import (
     generate_payload,
     parse_release,
 )
-from tests.test_server import assert_greedy_against_model, kill, save_random_checkpoint, start_server, wait_healthy
+from tests.test_server import (
+    assert_greedy_against_model,
+    kill,
+    reply_json,
+    save_random_checkpoint,
+    start_server,
+    wait_healthy,
+)
 
 # ---- transcribed from SGLang ----------------------------------------------------------------------------------
 
@@ -274,7 +281,8 @@ def test_generate_response_fields(srv, params_a):
                                                                                 "ignore_eos": True}}).json()
     assert [o["meta_info"]["prompt_tokens"] for o in outs] == [4, 4, 2, 2]
     assert len({o["meta_info"]["id"] for o in outs}) == 4 and all(o["meta_info"]["id"].startswith("b_") for o in outs)
-    assert all(isinstance(t[2], str) for o in outs for t in o["meta_info"]["output_token_logprobs"])  # the tiny tokenizer
+    # the tiny tokenizer's text of every token
+    assert all(isinstance(t[2], str) for o in outs for t in o["meta_info"]["output_token_logprobs"])
     assert all(o["meta_info"]["finish_reason"] == {"type": "length", "length": 2} for o in outs)
 
     # what the router adds to every request is accepted; prompt_token_ids on request (0.5.23)
@@ -416,12 +424,7 @@ class ReleaseProxy:
                 self._send(r.status_code, proxy.rewrite_post(self.path, body, r))
 
             def _send(self, code, payload):
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, payload)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -13,7 +13,7 @@ import pytest
 
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
 from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, generate_payload
-from tests.test_server import free_port, kill, save_random_checkpoint, start_server, wait_healthy
+from tests.test_server import free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
 
@@ -65,12 +65,7 @@ class FakeSGLang:
                 self._send(200, outs[0] if n == 1 else outs)
 
             def _send(self, code, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, obj)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -28,13 +28,8 @@ import pytest
 
 from scalerl_jax.models import init_params, load_hf_checkpoint, tiny
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.sglang_client import (
-    ServerCaps,
-    SGLangGenerator,
-    devices_from_server_info,
-    generate_payload,
-    parse_release,
-)
+from scalerl_jax.rollout.sglang_client import SGLangGenerator
+from scalerl_jax.rollout.sglang_wire import ServerCaps, devices_from_server_info, generate_payload, parse_release
 from tests.test_server import (
     assert_greedy_against_model,
     kill,
@@ -188,7 +183,7 @@ def test_client_generate_body_uses_only_sglang_and_router_fields():
 def test_update_bodies_follow_the_release(version, pause, update_fields):
     caps = ServerCaps("http://x", version=version, release=parse_release(version))
     with SGLangGenerator("http://127.0.0.1:9") as gen:
-        pause_body, update_body = gen.update_bodies(caps, "/ckpt", 7)
+        pause_body, update_body = caps.update_bodies("/ckpt", 7, gen.pause_mode)
     assert set(pause_body) == pause and set(pause_body.values()) <= PAUSE_MODES
     assert set(update_body) <= update_fields and {"model_path", "weight_version"} <= set(update_body)
     assert update_body["weight_version"] == "7"  # SGLang's weight_version is a string

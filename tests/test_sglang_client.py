@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, generate_payload
+from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator
+from scalerl_jax.rollout.sglang_wire import generate_payload
 from tests.test_server import free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
@@ -351,11 +352,11 @@ def test_payloads_validate_against_sglang_dataclasses():
     SGSamplingParams(**body["sampling_params"]).verify(vocab_size=17)
     import sglang
 
-    from scalerl_jax.rollout.sglang_client import ServerCaps, parse_release
+    from scalerl_jax.rollout.sglang_wire import ServerCaps, parse_release
 
     caps = ServerCaps("http://x", version=sglang.__version__, release=parse_release(sglang.__version__))
     with SGLangGenerator("http://127.0.0.1:9") as gen:
-        pause, upd = gen.update_bodies(caps, "/ckpt", 3)
+        pause, upd = caps.update_bodies("/ckpt", 3, gen.pause_mode)
     ufields = {f.name for f in dataclasses.fields(UpdateWeightFromDiskReqInput)}
     assert set(upd) <= ufields, set(upd) - ufields
     UpdateWeightFromDiskReqInput(**upd)

@@ -1,5 +1,6 @@
 """Embedded JAX generation engine: continuous batching over a slot KV cache, chunked decode, in-flight weight
-updates, interruption length control.
+updates, interruption length control. This module is the host-side scheduler; the jitted prefill and decode are in
+:mod:`scalerl_jax.rollout.decode`, submissions, rows and the per-slot host arrays in :mod:`scalerl_jax.rollout.rows`.
 
 Scheduler (continuous batching). The engine owns ``B`` row *slots* (a power-of-two bucket, at least 8, at most
 ``max_batch``), one KV cache ``{"k", "v"}: [L, B, K, S, Dh]`` and per-slot constants (sampling parameters,
@@ -16,10 +17,9 @@ thinking budgets and per-row sampling keys are drawn, and the rows queue FIFO. W
    right padded to a power-of-two length bucket, rows padded to a power-of-four bucket; compiled per those two
    buckets only) and their K/V scattered into their slots.
    The last prompt token becomes the row's *pending* token.
-3. Decode one chunk: one jitted call runs ``decode_chunk`` steps under ``lax.scan`` over all B slots. A step
-   feeds each row's pending token at its own position (writing its K/V into the cache), takes float32 logits
-   from the FP32 head (:func:`lm_logits`), chooses the next token and advances a per-row state machine
-   (below). Finished and empty slots keep running (static shapes) but emit nothing.
+3. Decode one chunk: one jitted call runs ``decode_chunk`` steps under ``lax.scan`` over all B slots
+   (:mod:`scalerl_jax.rollout.decode`: a step feeds each row's pending token, chooses the next and advances the
+   row's interruption state machine). Finished and empty slots keep running (static shapes) but emit nothing.
 4. Harvest: the chunk's tokens go to per-slot host buffers; finished rows become Completions and free their
    slots; a submission whose rows are all done completes (its ``on_done`` callback runs on this thread).
 5. Call ``chunk_hook(chunk_index)`` (the index counts chunks since the engine was last idle).
@@ -46,22 +46,6 @@ Sampling and determinism: a row's sampling key is its submission's key (split fr
 with the row's index in the submission and then with its token index, so a row's samples do not depend on its
 slot or on the other rows in the batch, and the same submissions in the same order with the same seed give the
 same outputs. :meth:`JaxEngine.reseed` resets the key and the NumPy RNG that draws thinking budgets.
-
-Log-probs (see :mod:`scalerl_jax.rollout.sampling`): ``log_softmax(logits / temperature)`` of the chosen
-token, before top-p truncation (for temperature 0: ``log_softmax(logits)``), i.e. exactly what the trainer
-recomputes with ``token_logprobs(..., temperature=temperature)``. Injected tokens record 0.0.
-
-Interruption length control (RECIPE.md section 4), per row, inside the jitted loop:
-
-    THINK  --(n_generated == think_budget, think_end not seen)-->  INJECT  --(all interruption ids fed)-->
-    ANSWER --(stop token: "interrupted" | answer_budget sampled tokens: "length", truncated)
-    THINK  --(think_end_ids just completed)-->  FREE (plain generation: "stop" or "length")
-
-In INJECT the token is forced to ``interruption_ids[i]`` (flagged injected, version INJECTED_VERSION, logprob
-0.0) and still fed through the model, so the answer is conditioned on it. Because the state machine runs per
-step, the interruption lands exactly at the budget whatever the chunk size. ``max_new_tokens`` caps every
-completion (injected tokens included); with length control it must be at least
-``budget_hi + len(interruption_ids) + answer_budget``.
 """
 
 from __future__ import annotations
@@ -74,7 +58,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -82,309 +65,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import (
-    Params,
-    _dt,
-    _embed,
-    forward_cached,
-    init_cache,
-    lm_logits,
-    param_shapes,
-    rms_norm,
-    rope_inv_freq,
+from scalerl_jax.models.llama import Params, _dt, param_shapes
+from scalerl_jax.rollout.decode import FINISH_NAMES, decode_chunk_jit, prefill_kv_jit, scatter_rows_jit
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest
+from scalerl_jax.rollout.rows import (
+    Row,
+    Submission,
+    copy_slots,
+    empty_completion,
+    empty_slots,
+    fill_slot,
+    slot_completion,
+    validate_requests,
 )
-from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
-from scalerl_jax.rollout.sampling import sample_tokens
-
-PH_THINK, PH_INJECT, PH_ANSWER, PH_FREE = 0, 1, 2, 3
-FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_INTERRUPTED = 0, 1, 2, 3
-_FINISH_NAMES = {FIN_STOP: "stop", FIN_LENGTH: "length", FIN_INTERRUPTED: "interrupted"}
-_NO_BUDGET = 2**30
 
 log = logging.getLogger(__name__)
 
 
 def _pow2_at_least(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-
-
-# ---- jitted pieces ------------------------------------------------------------------------------------
-
-
-def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
-    """K/V of new rows ``tokens_kT`` (positions 0..T-1) in the decode layout ``{"k", "v"}: [L, k, K, T, Dh]``.
-
-    Runs :func:`forward_cached` on a cache of exactly T positions (cheap cache writes). Compiled per (k, T) only,
-    not per slot-cache shape: the expensive compile is shared by every batch and cache size.
-    """
-    k, T = tokens_kT.shape
-    pos_kT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (k, T))
-    _, new = forward_cached(params, tokens_kT, pos_kT, init_cache(cfg, k, T), cfg)
-    return {n: jnp.swapaxes(new[n], 2, 3) for n in ("k", "v")}
-
-
-def _scatter_rows(cache, new, slot_k: jax.Array):
-    """Write new rows' K/V ``[L, k, K, T, Dh]`` into slots ``slot_k`` of the slot cache ``[L, B, K, S, Dh]``,
-    positions 0..T-1; a slot index >= B (bucket padding) is dropped. The slot's positions >= T keep whatever an
-    earlier row left there: decode overwrites each of them before any query can see it."""
-    T = new["k"].shape[3]
-    return {n: cache[n].at[:, slot_k, :, :T].set(new[n].astype(cache[n].dtype), mode="drop") for n in ("k", "v")}
-
-
-def _rope_1(x_BHD: jax.Array, cos_BD: jax.Array, sin_BD: jax.Array) -> jax.Array:
-    """Rotate-half RoPE for one position per row (same convention as :func:`llama.apply_rope`)."""
-    x = x_BHD.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return (x * cos_BD[:, None] + rot * sin_BD[:, None]).astype(x_BHD.dtype)
-
-
-def _decode_forward(params: Params, tok_B: jax.Array, pos_B: jax.Array, cache, cfg: ModelConfig):
-    """Single-token forward for decode: feed ``tok_B`` at ``pos_B``, return (final-norm hidden [B, D], cache).
-
-    Same math as :func:`llama.forward_cached` with T = 1, but specialised for CPU/GPU decode speed: the cache is
-    laid out [L, B, K, S, Dh] (attention is then a plain batched matmul over (B, K)), it travels in the
-    layer-scan carry so the new K/V is scattered in place, and RoPE angles are computed once per step.
-    """
-    if cfg.arch != "llama":  # the generic path (Llama-4 MoE): forward_cached with T = 1 in its own cache layout
-        c = {n: jnp.swapaxes(cache[n], 2, 3) for n in ("k", "v")}
-        h, c = forward_cached(params, tok_B[:, None], pos_B[:, None], c, cfg)
-        return h[:, 0], {n: jnp.swapaxes(c[n], 2, 3) for n in ("k", "v")}
-    dt = _dt(cfg.dtype)
-    B = tok_B.shape[0]
-    S = cache["k"].shape[3]
-    K, Dh = cfg.n_kv_heads, cfg.head_dim
-    G = cfg.n_heads // K
-    ang_BF = pos_B.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
-    cos_BD = jnp.cos(jnp.concatenate([ang_BF, ang_BF], -1))
-    sin_BD = jnp.sin(jnp.concatenate([ang_BF, ang_BF], -1))
-    mask_BS = jnp.arange(S)[None, :] <= pos_B[:, None]
-    b_idx = jnp.arange(B)[:, None]
-    k_idx = jnp.arange(K)[None, :]
-    scale = 1.0 / math.sqrt(Dh)
-
-    def body(carry, xs):
-        x_BD, ck, cv = carry
-        lp, layer = xs
-        h = rms_norm(x_BD, lp["attn_norm"], cfg.rms_eps)
-        q_BHD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wq"].astype(dt)), cos_BD, sin_BD)
-        k_BKD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wk"].astype(dt)), cos_BD, sin_BD)
-        v_BKD = jnp.einsum("bd,dhk->bhk", h, lp["wv"].astype(dt))
-        ck = ck.at[layer, b_idx, k_idx, pos_B[:, None]].set(k_BKD.astype(ck.dtype))
-        cv = cv.at[layer, b_idx, k_idx, pos_B[:, None]].set(v_BKD.astype(cv.dtype))
-        q_BKGD = q_BHD.reshape(B, K, G, Dh)
-        s_BKGS = jnp.einsum("bkgd,bksd->bkgs", q_BKGD, ck[layer].astype(dt), preferred_element_type=jnp.float32)
-        s_BKGS = jnp.where(mask_BS[:, None, None], s_BKGS * scale, jnp.finfo(jnp.float32).min)
-        p_BKGS = jax.nn.softmax(s_BKGS, axis=-1).astype(dt)
-        o_BHD = jnp.einsum("bkgs,bksd->bkgd", p_BKGS, cv[layer].astype(dt)).reshape(B, K * G, Dh)
-        x_BD = x_BD + jnp.einsum("bhk,hkd->bd", o_BHD, lp["wo"].astype(dt))
-        h = rms_norm(x_BD, lp["mlp_norm"], cfg.rms_eps)
-        g = jnp.einsum("bd,df->bf", h, lp["w_gate"].astype(dt))
-        u = jnp.einsum("bd,df->bf", h, lp["w_up"].astype(dt))
-        x_BD = x_BD + jnp.einsum("bf,fd->bd", jax.nn.silu(g) * u, lp["w_down"].astype(dt))
-        return (x_BD, ck, cv), None
-
-    x_BD = _embed(params, tok_B[:, None], cfg)[:, 0]
-    layers = jnp.arange(cfg.n_layers)
-    (x_BD, ck, cv), _ = jax.lax.scan(body, (x_BD, cache["k"], cache["v"]), (params["layers"], layers))
-    return rms_norm(x_BD, params["final_norm"], cfg.rms_eps), {"k": ck, "v": cv}
-
-
-def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, use_top_p: bool):
-    """One token for every row: feed the pending token, choose the next, advance the state machine."""
-    hidden_BD, cache = _decode_forward(params, st["tok"], st["pos"], cache, cfg)
-    logits_BV = lm_logits(params, hidden_BD, cfg)
-    samp_B, samp_lp_B = sample_tokens(logits_BV, rows["temp"], rows["top_p"], key, use_top_p=use_top_p)
-
-    active_B = ~st["done"]
-    phase_B = st["phase"]
-    inj_B = phase_B == PH_INJECT
-    n_inter = rows["inter_ids"].shape[1]
-    inj_idx_B = jnp.clip(st["inj_idx"], 0, n_inter - 1)
-    forced_B = jnp.take_along_axis(rows["inter_ids"], inj_idx_B[:, None], axis=1)[:, 0]
-    tok_B = jnp.where(inj_B, forced_B, samp_B)
-    lp_B = jnp.where(inj_B, 0.0, samp_lp_B)
-
-    n_gen_B = st["n_gen"] + active_B
-    inj_idx_new_B = st["inj_idx"] + (active_B & inj_B)
-    inj_finished_B = active_B & inj_B & (inj_idx_new_B >= rows["inter_len"])
-    ans_B = st["ans"] + (active_B & (phase_B == PH_ANSWER))
-
-    thinking_B = active_B & (phase_B == PH_THINK)
-    shifted_BW = jnp.concatenate([st["window"][:, 1:], tok_B[:, None]], axis=1)
-    window_BW = jnp.where(thinking_B[:, None], shifted_BW, st["window"])
-    matches_B = jnp.all((window_BW == rows["think_end"]) | ~rows["think_mask"], axis=1)
-    think_end_hit_B = thinking_B & matches_B
-
-    is_stop_B = active_B & ~inj_B & jnp.any(tok_B[:, None] == rows["stop"], axis=1)
-    budget_hit_B = thinking_B & ~think_end_hit_B & ~is_stop_B & (n_gen_B >= rows["budget"])
-    new_phase_B = jnp.where(think_end_hit_B, PH_FREE, phase_B)
-    new_phase_B = jnp.where(budget_hit_B, PH_INJECT, new_phase_B)
-    new_phase_B = jnp.where(inj_finished_B, PH_ANSWER, new_phase_B)
-    answer_full_B = (new_phase_B == PH_ANSWER) & (ans_B >= rows["ans_budget"])
-    len_hit_B = active_B & ~is_stop_B & (answer_full_B | (n_gen_B >= rows["max_new"]))
-
-    finish_B = st["finish"]
-    finish_B = jnp.where(is_stop_B, jnp.where(phase_B == PH_ANSWER, FIN_INTERRUPTED, FIN_STOP), finish_B)
-    finish_B = jnp.where(len_hit_B, FIN_LENGTH, finish_B)
-    new_st = {
-        "tok": jnp.where(active_B, tok_B, st["tok"]),
-        "pos": st["pos"] + active_B,
-        "n_gen": n_gen_B,
-        "done": st["done"] | is_stop_B | len_hit_B,
-        "phase": new_phase_B,
-        "inj_idx": inj_idx_new_B,
-        "ans": ans_B,
-        "window": window_BW,
-        "finish": finish_B,
-    }
-    return cache, new_st, (tok_B, lp_B, active_B, active_B & inj_B)
-
-
-def _decode_chunk(params, cache, st, rows, *, cfg: ModelConfig, n_steps: int, use_top_p: bool):
-    """``n_steps`` decode steps in one ``lax.scan``; returns (cache, state, per-step outputs [n_steps, B]).
-
-    Row b's sampling key at a step is its submission's key folded with the row's index in the submission and
-    then with its token index, so its noise does not depend on its slot, on the other rows or on chunk
-    boundaries.
-    """
-
-    def body(carry, _):
-        cache, st = carry
-        keys_B2 = jax.vmap(lambda k, r, n: jax.random.fold_in(jax.random.fold_in(k, r), n))(
-            rows["key"], rows["row_idx"], st["n_gen"])
-        cache, st, ys = _decode_step(params, cache, st, rows, keys_B2, cfg=cfg, use_top_p=use_top_p)
-        return (cache, st), ys
-
-    (cache, st), ys = jax.lax.scan(body, (cache, st), None, length=n_steps)
-    return cache, st, ys
-
-
-# Module-level jits (the config is a static, hashable argument): engines over the same config share compiled code.
-_prefill_kv_jit = jax.jit(_prefill_kv, static_argnames=("cfg",))
-_scatter_rows_jit = jax.jit(_scatter_rows, donate_argnums=(0,))
-_decode_chunk_jit = jax.jit(_decode_chunk, static_argnames=("cfg", "n_steps", "use_top_p"), donate_argnums=(1, 2))
-
-
-# ---- host side ---------------------------------------------------------------------------------------
-
-
-_RIGHT_ALIGNED = ("think_end", "think_mask", "window")  # matched against the newest tokens: padding goes left
-
-
-def _empty_slots(B: int, stop_w: int, win_w: int, inter_w: int) -> tuple[dict, dict]:
-    """Host constants and decode state of B empty slots (done: they emit nothing)."""
-    consts = {
-        "temp": np.zeros(B, np.float32), "top_p": np.ones(B, np.float32), "max_new": np.zeros(B, np.int32),
-        "stop": np.full((B, stop_w), -1, np.int32), "budget": np.full(B, _NO_BUDGET, np.int32),
-        "inter_ids": np.zeros((B, inter_w), np.int32), "inter_len": np.ones(B, np.int32),
-        "ans_budget": np.zeros(B, np.int32), "think_end": np.full((B, win_w), -1, np.int32),
-        "think_mask": np.zeros((B, win_w), bool), "key": np.zeros((B, 2), np.uint32),
-        "row_idx": np.zeros(B, np.int32),
-    }
-    st = {
-        "tok": np.zeros(B, np.int32), "pos": np.zeros(B, np.int32), "n_gen": np.zeros(B, np.int32),
-        "done": np.ones(B, bool), "phase": np.full(B, PH_FREE, np.int32), "inj_idx": np.zeros(B, np.int32),
-        "ans": np.zeros(B, np.int32), "window": np.full((B, win_w), -1, np.int32),
-        "finish": np.full(B, FIN_LENGTH, np.int32),
-    }
-    return consts, st
-
-
-def _copy_slots(new: dict, old: dict) -> None:
-    """Copy ``old`` slot arrays into the (larger) ``new`` ones, keeping right-aligned windows right-aligned."""
-    for k, a in old.items():
-        if a.ndim == 1:
-            new[k][: a.shape[0]] = a
-        elif k in _RIGHT_ALIGNED:
-            new[k][: a.shape[0], new[k].shape[1] - a.shape[1]:] = a
-        else:
-            new[k][: a.shape[0], : a.shape[1]] = a
-
-
-class Submission:
-    """Handle of one :meth:`JaxEngine.submit` call; done once every row (``n`` per request) has finished.
-
-    ``results[i][j]`` is request i's sample j. ``on_done(submission)`` runs once, on the thread that finished
-    the last row (the stepping thread, or the one calling :meth:`JaxEngine.abort`). ``error`` is set when the
-    engine failed; :meth:`wait` then raises it.
-    """
-
-    def __init__(self, requests: list[GenerationRequest], on_done: Callable[[Submission], None] | None, seq: int):
-        self.requests = requests
-        self.seq = seq
-        self.t_submit = time.time()
-        self.results: list[list[Completion]] = [[None] * r.params.n for r in requests]  # type: ignore[list-item]
-        self.error: BaseException | None = None
-        self._left = sum(r.params.n for r in requests)
-        self._on_done = on_done
-        self._event = threading.Event()
-
-    def done(self) -> bool:
-        """Whether every row has finished (or the engine failed)."""
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> list[list[Completion]]:
-        """Block until done; ``n`` completions per request, in request order (raises the engine's error)."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"submission {self.seq} not done after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        return self.results
-
-    def _add(self, row: _Row, comp: Completion) -> list[Submission]:
-        self.results[row.req_idx][row.sample_idx] = comp
-        self._left -= 1
-        return [self] if self._left == 0 else []
-
-    def _finish(self) -> None:
-        if self._event.is_set():
-            return
-        self._event.set()
-        if self._on_done is not None:
-            try:
-                self._on_done(self)
-            except Exception:  # a caller's callback must not take the scheduler down
-                log.exception("on_done callback of submission %d failed", self.seq)
-
-
-@dataclass
-class _Row:
-    sub: Submission
-    req_idx: int
-    sample_idx: int
-    prompt: list[int]
-    temperature: float
-    top_p: float
-    max_new: int
-    stop: tuple[int, ...]
-    length: LengthControl | None
-    budget: int | None
-    key: np.ndarray  # uint32[2]: the submission's sampling key ...
-    row_idx: int  # ... folded with this (the row's index in the submission)
-    t_start: float = 0.0
-
-
-def _fill_slot(consts: dict, st: dict, b: int, r: _Row) -> None:
-    """Write row ``r``'s constants and initial decode state into slot ``b`` (every field: slots are reused)."""
-    W = consts["think_end"].shape[1]
-    consts["temp"][b], consts["top_p"][b], consts["max_new"][b] = r.temperature, r.top_p, r.max_new
-    consts["stop"][b] = -1
-    consts["stop"][b, : len(r.stop)] = r.stop
-    consts["key"][b], consts["row_idx"][b] = r.key, r.row_idx
-    consts["budget"][b], consts["ans_budget"][b], consts["inter_len"][b] = _NO_BUDGET, 0, 1
-    consts["inter_ids"][b], consts["think_end"][b], consts["think_mask"][b] = 0, -1, False
-    st["tok"][b], st["pos"][b], st["n_gen"][b] = r.prompt[-1], len(r.prompt) - 1, 0
-    st["done"][b], st["finish"][b], st["phase"][b] = False, FIN_NONE, PH_FREE
-    st["inj_idx"][b], st["ans"][b], st["window"][b] = 0, 0, -1
-    if r.length is not None:
-        lc = r.length
-        consts["budget"][b], consts["ans_budget"][b] = r.budget, lc.answer_budget
-        consts["inter_ids"][b, : len(lc.interruption_ids)] = lc.interruption_ids
-        consts["inter_len"][b] = len(lc.interruption_ids)
-        consts["think_end"][b, W - len(lc.think_end_ids):] = lc.think_end_ids
-        consts["think_mask"][b, W - len(lc.think_end_ids):] = True
-        st["phase"][b] = PH_THINK
 
 
 class JaxEngine:
@@ -432,7 +131,7 @@ class JaxEngine:
         self._rng = np.random.default_rng(seed)
         self._key = jax.random.PRNGKey(seed)
         jax.random.split(self._key)  # compile it now, not on the first submit (a server's event loop)
-        self._waiting: deque[_Row] = deque()
+        self._waiting: deque[Row] = deque()
         self._seq = 0  # submissions so far
         self._abort_upto = 0  # abort() asked to finish every submission with seq <= this ...
         self._aborted_upto = 0  # ... and this far it has been done
@@ -440,8 +139,8 @@ class JaxEngine:
         self._n_running = 0  # rows in slots
         self._counters = {"decode_chunks": 0, "admitted_rows": 0, "admitted_mid_batch": 0, "max_running_rows": 0,
                           "completed_rows": 0, "aborted_rows": 0, "busy_periods": 0}
-        self._prefill_fn = functools.partial(_prefill_kv_jit, cfg=model_cfg)
-        self._decode_fn = functools.partial(_decode_chunk_jit, cfg=model_cfg)
+        self._prefill_fn = functools.partial(prefill_kv_jit, cfg=model_cfg)
+        self._decode_fn = functools.partial(decode_chunk_jit, cfg=model_cfg)
         self._reset_slots()
 
     # ---- construction / weights ----
@@ -511,40 +210,9 @@ class JaxEngine:
 
     # ---- requests ----
 
-    def _validate(self, requests: Sequence[GenerationRequest]) -> None:
-        """ValueError naming the request on bad input."""
-        V = self.cfg.vocab_size
-        for i, req in enumerate(requests):
-            name = f"request {i} (id {req.request_id!r})"
-            prompt = [int(t) for t in req.prompt_ids]
-            if not prompt:
-                raise ValueError(f"{name}: prompt_ids is empty")
-            bad = [t for t in prompt if not 0 <= t < V]
-            if bad:
-                raise ValueError(f"{name}: prompt token id {bad[0]} is outside the vocabulary [0, {V})")
-            if len(prompt) > self.max_len:
-                raise ValueError(f"{name}: prompt has {len(prompt)} tokens, longer than the engine's max_len "
-                                 f"{self.max_len}")
-            sp = req.params
-            if len(prompt) + sp.max_new_tokens > self.max_len:
-                raise ValueError(f"{name}: prompt length {len(prompt)} + max_new_tokens {sp.max_new_tokens} exceeds "
-                                 f"the engine's max_len {self.max_len}")
-            bad = [t for t in sp.stop_token_ids if not 0 <= t < V]
-            if bad:
-                raise ValueError(f"{name}: stop token id {bad[0]} is outside the vocabulary [0, {V})")
-            lc = req.length
-            if lc is not None:
-                bad = [t for t in (*lc.think_end_ids, *lc.interruption_ids) if not 0 <= t < V]
-                if bad:
-                    raise ValueError(f"{name}: length-control token id {bad[0]} is outside the vocabulary [0, {V})")
-                need = lc.budget_hi + len(lc.interruption_ids) + lc.answer_budget
-                if sp.max_new_tokens < need:
-                    raise ValueError(f"{name}: max_new_tokens {sp.max_new_tokens} is below budget_hi + "
-                                     f"len(interruption_ids) + answer_budget = {need}")
-
-    def _expand(self, sub: Submission) -> list[_Row]:
+    def _expand(self, sub: Submission) -> list[Row]:
         """Rows of a validated submission: thinking budgets and sampling keys drawn in row order (under _lock)."""
-        rows: list[_Row] = []
+        rows: list[Row] = []
         if not sub.requests:
             return rows
         # one split per submission whatever its size (a split into n keys would compile once per distinct n)
@@ -555,7 +223,7 @@ class JaxEngine:
             prompt = [int(t) for t in req.prompt_ids]
             for s in range(sp.n):
                 budget = int(self._rng.integers(lc.budget_lo, lc.budget_hi + 1)) if lc is not None else None
-                rows.append(_Row(sub, i, s, prompt, float(sp.temperature), float(sp.top_p), int(sp.max_new_tokens),
+                rows.append(Row(sub, i, s, prompt, float(sp.temperature), float(sp.top_p), int(sp.max_new_tokens),
                                  tuple(int(t) for t in sp.stop_token_ids), lc, budget, sub_key, len(rows)))
         return rows
 
@@ -568,7 +236,7 @@ class JaxEngine:
         does it forever). ``on_done(submission)`` runs once all of them have finished.
         """
         requests = list(requests)
-        self._validate(requests)
+        validate_requests(requests, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
         with self._lock:
             self._seq += 1
             sub = Submission(requests, on_done, self._seq)
@@ -645,7 +313,7 @@ class JaxEngine:
     def _reset_slots(self) -> None:
         self._B = self._S = 0
         self._widths = (4, 4, 8)  # stop ids, think-end window, interruption ids (grown on demand)
-        self._slots: list[_Row | None] = []
+        self._slots: list[Row | None] = []
         self._cache: dict[str, jax.Array] | None = None
         self._consts: dict[str, np.ndarray] = {}
         self._st: dict[str, np.ndarray] = {}
@@ -734,7 +402,7 @@ class JaxEngine:
         now = time.time()
         finished = []
         for r in instant:  # max_new_tokens == 0: nothing to decode
-            finished += r.sub._add(r, self._empty_completion(r, "length", now))
+            finished += r.sub._add(r, empty_completion(r, "length", now))
         self._finish_subs(finished)
         if take:
             try:
@@ -746,7 +414,7 @@ class JaxEngine:
                 raise
         return True
 
-    def _place(self, take: list[_Row], B: int, params: Params, now: float) -> None:
+    def _place(self, take: list[Row], B: int, params: Params, now: float) -> None:
         """Put ``take`` into free slots (B slots at least), prefill them and scatter their K/V into the cache."""
         S = max(self._S, min(self.max_len, _pow2_at_least(max(len(r.prompt) + r.max_new for r in take), 16)))
         need = (max(len(r.stop) for r in take),
@@ -764,18 +432,18 @@ class JaxEngine:
         for i, (b, r) in enumerate(zip(free, take)):
             self._slots[b] = r
             r.t_start = now
-            _fill_slot(self._consts, self._st, b, r)
+            fill_slot(self._consts, self._st, b, r)
             tokens_kT[i, : len(r.prompt) - 1] = r.prompt[:-1]
             slot_k[i] = b
         self._dirty = True
         new_kv = self._prefill_fn(params, jnp.asarray(tokens_kT))
-        self._cache = _scatter_rows_jit(self._cache, new_kv, jnp.asarray(slot_k))
+        self._cache = scatter_rows_jit(self._cache, new_kv, jnp.asarray(slot_k))
 
     def _ensure_capacity(self, B: int, S: int, widths: tuple[int, int, int]) -> None:
         """Grow the slots to B, the cache to S positions and the per-row id arrays to ``widths`` (zero padding)."""
         if self._cache is not None and (B, S, widths) == (self._B, self._S, self._widths):
             return
-        consts, st = _empty_slots(B, *widths)
+        consts, st = empty_slots(B, *widths)
         out = {"tok": np.zeros((B, S), np.int32), "lp": np.zeros((B, S), np.float32),
                "ver": np.zeros((B, S), np.int32), "inj": np.zeros((B, S), bool)}
         cfg = self.cfg
@@ -784,9 +452,9 @@ class JaxEngine:
             self._cache = {n: jnp.zeros(shape, _dt(cfg.dtype)) for n in ("k", "v")}
             self._slots = [None] * B
         else:
-            _copy_slots(consts, self._consts)
-            _copy_slots(st, self._st)
-            _copy_slots(out, self._out)
+            copy_slots(consts, self._consts)
+            copy_slots(st, self._st)
+            copy_slots(out, self._out)
             pad = ((0, 0), (0, B - self._B), (0, 0), (0, S - self._S), (0, 0))
             self._cache = {n: jnp.pad(c, pad) for n, c in self._cache.items()}
             self._slots += [None] * (B - self._B)
@@ -822,8 +490,8 @@ class JaxEngine:
             r = self._slots[b]
             if r is None:
                 continue
-            fin = _FINISH_NAMES[int(self._st["finish"][b])]
-            finished += r.sub._add(r, self._slot_completion(b, r, fin, now))
+            fin = FINISH_NAMES[int(self._st["finish"][b])]
+            finished += r.sub._add(r, slot_completion(r, b, self._st, self._out, fin, now))
             self._slots[b] = None
             freed += 1
         with self._lock:
@@ -831,25 +499,6 @@ class JaxEngine:
             self._counters["decode_chunks"] += 1
             self._counters["completed_rows"] += freed
         return finished
-
-    def _slot_completion(self, b: int, r: _Row, fin: str, now: float) -> Completion:
-        n = int(self._st["n_gen"][b])
-        req = r.sub.requests[r.req_idx]
-        return Completion(
-            request_id=req.request_id, sample_index=r.sample_idx, prompt_ids=list(r.prompt),
-            token_ids=self._out["tok"][b, :n].tolist(), logprobs=self._out["lp"][b, :n].astype(float).tolist(),
-            versions=self._out["ver"][b, :n].tolist(), injected=self._out["inj"][b, :n].tolist(),
-            finish_reason=fin, truncated=fin == "length", think_budget=r.budget,
-            timing={"submit": r.sub.t_submit, "start": r.t_start, "done": now}, meta=dict(req.meta),
-        )
-
-    @staticmethod
-    def _empty_completion(r: _Row, fin: str, now: float) -> Completion:
-        req = r.sub.requests[r.req_idx]
-        return Completion(request_id=req.request_id, sample_index=r.sample_idx, prompt_ids=list(r.prompt),
-                          token_ids=[], logprobs=[], versions=[], injected=[], finish_reason=fin,
-                          truncated=fin == "length", think_budget=r.budget,
-                          timing={"submit": r.sub.t_submit, "start": now, "done": now}, meta=dict(req.meta))
 
     def _abort_rows(self) -> None:
         """Finish the rows of every submission up to ``_abort_upto`` with finish reason "abort"."""
@@ -862,13 +511,13 @@ class JaxEngine:
         freed = 0
         for b, r in enumerate(self._slots):
             if r is not None and r.sub.seq <= upto:
-                finished += r.sub._add(r, self._slot_completion(b, r, "abort", now))
+                finished += r.sub._add(r, slot_completion(r, b, self._st, self._out, "abort", now))
                 self._slots[b] = None
                 self._st["done"][b] = True  # the slot stops generating
                 self._dirty = True
                 freed += 1
         for r in gone:
-            finished += r.sub._add(r, self._empty_completion(r, "abort", now))
+            finished += r.sub._add(r, empty_completion(r, "abort", now))
         with self._lock:
             self._n_running -= freed
             self._aborted_upto = max(self._aborted_upto, upto)

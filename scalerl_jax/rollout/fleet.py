@@ -15,10 +15,11 @@ exception (context manager), on SIGINT and SIGTERM (handlers installed on first 
 stop every live fleet and then chain to the previous handler, or die of the signal as the default would),
 and at interpreter exit (atexit). A parent that is SIGKILLed runs none of these, so the children watch their
 parent themselves: servers get ``--parent-pid`` (a watchdog thread in :mod:`scalerl_jax.serve`), and the
-router, a separate binary, runs under a small guard process (``python -m scalerl_jax.rollout.fleet --guard
+router, a separate binary, runs under a small guard process (``python -m scalerl_jax.rollout.processes --guard
 PPID -- CMD``) that kills it once the experiment is gone. Both poll ``os.getppid()`` every 0.5 s instead
 of using ``prctl(PR_SET_PDEATHSIG)``: that signal fires when the *thread* that forked the child exits, which
-would kill servers started from a short-lived thread.
+would kill servers started from a short-lived thread. The process plumbing (spawning, process groups, the
+signal and atexit hooks, the guard) is in :mod:`scalerl_jax.rollout.processes`.
 
 Faults. With ``restart_dead=True`` a monitor thread notices a server process that died and restarts it on
 the same port with the newest weights given to :meth:`set_current_weights`; if newer weights arrive while it
@@ -44,79 +45,40 @@ server's engine runs on); a server that reports nothing usable counts as one dev
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import contextlib
-import importlib.metadata
-import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import httpx
 
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # makes ``-m scalerl_jax.serve`` importable from any cwd
-WATCH_INTERVAL_S = 0.5
+from scalerl_jax.rollout.processes import (
+    PACKAGE_PARENT,
+    WATCH_INTERVAL_S,
+    Child,
+    free_port,
+    guarded,
+    install_hooks,
+    killpg,
+    log_tail,
+    parent_has_accelerator,
+    popen_logged,
+    signals_deferred,
+    track,
+    untrack,
+)
+
 ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two")
 
 
 class FleetError(RuntimeError):
     """A fleet process failed to start or to become healthy."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def log_tail(path: Path, max_chars: int = 3000) -> str:
-    """The last ``max_chars`` characters of a log file ('' if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_chars))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def parent_has_accelerator() -> bool:
-    """Whether this process's JAX would use an accelerator, without initialising a backend for it.
-
-    An already-initialised JAX is asked directly; otherwise an installed accelerator plugin (CUDA, ROCm,
-    TPU) counts as one.
-    """
-    if "jax" in sys.modules:
-        try:
-            from jax._src import xla_bridge
-
-            if xla_bridge.backends_are_initialized():
-                import jax
-
-                return jax.default_backend() != "cpu"
-        except (ImportError, AttributeError, RuntimeError):
-            pass
-    with contextlib.suppress(Exception):  # broken package metadata must not stop the fleet
-        if any(True for _ in importlib.metadata.entry_points(group="jax_plugins")):
-            return True
-    for mod in ("jax_plugins", "libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
-                "jax_rocm7_plugin"):
-        try:
-            if importlib.util.find_spec(mod) is not None:
-                return True
-        except (ImportError, ValueError):
-            pass
-    return False
 
 
 def _devices_in(info: Any) -> int | None:
@@ -130,104 +92,6 @@ def _devices_in(info: Any) -> int | None:
     if isinstance(info.get("devices"), list) and info["devices"]:
         return len(info["devices"])
     return None
-
-
-@dataclass(eq=False)
-class _Child:
-    """One fleet process (a server, or the router's guard) and its restart bookkeeping."""
-
-    name: str  # "server 0", "router"
-    port: int
-    log_path: Path
-    host: str
-    proc: subprocess.Popen | None = None
-    state: str = "new"  # new | starting | up | waiting (to be restarted) | stopped
-    started_at: float = 0.0
-    restart_at: float = 0.0
-    failures: int = 0  # consecutive failed restarts (for the backoff)
-    version: int = 0  # weight version it was started with or last given
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-# ---- signal handlers and atexit, shared by every fleet of the process ------------------------------------
-
-_live: set[LocalFleet] = set()
-_live_lock = threading.RLock()
-_prev_handlers: dict[int, Any] = {}
-_atexit_registered = _handlers_installed = False
-_main_stop_depth = 0  # stop() calls running on the main thread, where signal handlers run
-_deferred_signals: list[int] = []
-
-
-def _stop_all() -> None:
-    with _live_lock:
-        fleets = list(_live)
-    for f in fleets:
-        f.stop()
-
-
-def _chain(signum: int, frame: Any) -> None:
-    prev = _prev_handlers.get(signum)
-    if callable(prev):
-        prev(signum, frame)  # e.g. Python's default SIGINT handler raises KeyboardInterrupt
-        return
-    # SIG_DFL (or a handler installed from C): die of the same signal, as the default action would
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    if _main_stop_depth:
-        # interrupted a stop() on the main thread (a second Ctrl-C): let it finish killing, then act on this
-        _deferred_signals.append(signum)
-        return
-    _stop_all()
-    _chain(signum, frame)
-
-
-def _install_hooks() -> None:
-    global _atexit_registered, _handlers_installed
-    with _live_lock:
-        if not _atexit_registered:
-            atexit.register(_stop_all)
-            _atexit_registered = True
-        if _handlers_installed or threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; atexit and the watchdogs remain
-        _handlers_installed = True
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            prev = signal.getsignal(sig)
-            if prev is signal.SIG_IGN:
-                continue  # the process chose to survive this signal; so does its fleet
-            _prev_handlers[sig] = prev
-            signal.signal(sig, _on_signal)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Around a stop: a SIGINT/SIGTERM arriving meanwhile is acted on after it, not half-way through it.
-
-    (Blocking the signals with ``pthread_sigmask`` would not do: another thread would take them.)
-    """
-    global _main_stop_depth
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _main_stop_depth += 1
-    try:
-        yield
-    finally:
-        _main_stop_depth -= 1
-    if not _main_stop_depth and _deferred_signals:
-        signum = _deferred_signals[0]
-        _deferred_signals.clear()
-        _stop_all()
-        _chain(signum, None)
-
-
-# ---- the fleet -------------------------------------------------------------------------------------------
 
 
 class LocalFleet:
@@ -289,8 +153,8 @@ class LocalFleet:
         self._stop_done = threading.Event()
         self._started = self._stopped = False
         self._monitor: threading.Thread | None = None
-        self._servers: list[_Child] = []
-        self._router: _Child | None = None
+        self._servers: list[Child] = []
+        self._router: Child | None = None
         self.restarts = 0  # server restarts done by the monitor
         self.router_restarts = 0
 
@@ -370,9 +234,8 @@ class LocalFleet:
             if self._started:
                 return self
             self._started = True
-        with _live_lock:
-            _live.add(self)
-        _install_hooks()
+        track(self)
+        install_hooks()
         t0 = time.monotonic()
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -380,15 +243,15 @@ class LocalFleet:
             self._server_env_base = self._make_server_env()
             ports = self._free_ports(self.n_servers + 2 * int(self.use_router))
             self._metrics_port = ports[-1] if self.use_router else 0
-            self._servers = [_Child(f"server {i}", ports[i], self.log_dir / f"server{i}.log", self.host,
-                                    version=self._current[1]) for i in range(self.n_servers)]
+            self._servers = [Child(f"server {i}", ports[i], self.log_dir / f"server{i}.log", self.host,
+                                   version=self._current[1]) for i in range(self.n_servers)]
             self._say(f"[fleet] starting {self.n_servers} server{'s' * (self.n_servers > 1)} on ports "
                       f"{', '.join(str(p) for p in ports[:self.n_servers])} ({self.model_dir}; logs in {self.log_dir})")
             for s in self._servers:
                 self._spawn_server(s)
             self._wait_servers_up()
             if self.use_router:
-                self._router = _Child("router", ports[self.n_servers], self.log_dir / "router.log", self.host)
+                self._router = Child("router", ports[self.n_servers], self.log_dir / "router.log", self.host)
                 self._spawn_router(self._router)
                 self._wait_router_up(self._router)
         except BaseException:
@@ -404,7 +267,7 @@ class LocalFleet:
     def stop(self, grace_s: float | None = None) -> None:
         """Stop every child's process group (SIGTERM, SIGKILL after ``grace_s``) and reap them; idempotent."""
         grace = self.stop_grace_s if grace_s is None else grace_s
-        with _signals_deferred():
+        with signals_deferred():
             with self._lock:
                 first = not self._stopped
                 self._stopped = True
@@ -418,20 +281,19 @@ class LocalFleet:
                 kids = [c for c in [*self._servers, *([self._router] if self._router else [])] if c.proc]
                 procs = [c.proc for c in kids]
                 for p in procs:
-                    _killpg(p, signal.SIGTERM)
+                    killpg(p, signal.SIGTERM)
                 deadline = time.monotonic() + grace
                 for p in procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(timeout=max(0.0, deadline - time.monotonic()))
                 for p in procs:
-                    _killpg(p, signal.SIGKILL)  # also strays left in a group whose leader already exited
+                    killpg(p, signal.SIGKILL)  # also strays left in a group whose leader already exited
                 for p in procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(timeout=10.0)
                 for c in kids:
                     c.state = "stopped"
-            with _live_lock:
-                _live.discard(self)
+            untrack(self)
             self._stop_done.set()
             if self._started and kids:
                 self._say(f"[fleet] stopped {len(kids)} process{'es' * (len(kids) > 1)}")
@@ -487,21 +349,14 @@ class LocalFleet:
             cmd += ["--max-len", str(self.max_len)]
         return cmd + list(self.extra_server_args)
 
-    def _popen(self, cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> subprocess.Popen:
-        with open(log_path, "a") as logf:  # appended: a restart keeps the log of the crash before it
-            logf.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n$ {' '.join(cmd)}\n")
-            logf.flush()
-            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                    cwd=str(PACKAGE_PARENT), start_new_session=True, close_fds=True)
-
-    def _spawn_server(self, s: _Child) -> None:
+    def _spawn_server(self, s: Child) -> None:
         i = self._servers.index(s)
         model, version = self._current
         with self._lock:
             if self._stopping.is_set():
                 return
-            s.proc = self._popen(self._server_cmd(i, s.port, model, version), s.log_path, self._server_env(i),
-                                 f"{s.name} (weights v{version})")
+            s.proc = popen_logged(self._server_cmd(i, s.port, model, version), s.log_path, self._server_env(i),
+                                  f"{s.name} (weights v{version})")
             s.version, s.state, s.started_at = version, "starting", time.monotonic()
 
     def _router_cmd(self, port: int) -> list[str]:
@@ -521,9 +376,9 @@ class LocalFleet:
                   # its metrics exporter binds a fixed default port: a second router on the machine would die
                   "--prometheus-host", self.host, "--prometheus-port", str(self._metrics_port),
                   *self.extra_router_args]
-        return [sys.executable, "-m", "scalerl_jax.rollout.fleet", "--guard", str(os.getpid()), "--", *router]
+        return guarded(router)
 
-    def _spawn_router(self, r: _Child) -> None:
+    def _spawn_router(self, r: Child) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), *filter(None, [env.get("PYTHONPATH")])])
         # the router's HTTP client honours proxy variables; its workers are local
@@ -533,12 +388,12 @@ class LocalFleet:
         with self._lock:
             if self._stopping.is_set():
                 return
-            r.proc = self._popen(self._router_cmd(r.port), r.log_path, env, "router")
+            r.proc = popen_logged(self._router_cmd(r.port), r.log_path, env, "router")
             r.state, r.started_at = "starting", time.monotonic()
 
     # ---- health ----
 
-    def _startup_error(self, c: _Child, what: str) -> FleetError:
+    def _startup_error(self, c: Child, what: str) -> FleetError:
         return FleetError(f"LocalFleet: {c.name} ({c.url}) {what}; last lines of {c.log_path}:\n"
                           f"{log_tail(c.log_path).rstrip()}")
 
@@ -567,7 +422,7 @@ class LocalFleet:
                 if pending:
                     time.sleep(0.2)
 
-    def _wait_router_up(self, r: _Child) -> None:
+    def _wait_router_up(self, r: Child) -> None:
         want = {u.rstrip("/") for u in self.worker_urls}
         healthy: set[str] = set()
         with httpx.Client(trust_env=False, timeout=2.0) as http:
@@ -619,13 +474,13 @@ class LocalFleet:
                     except Exception as e:  # noqa: BLE001 - the monitor must outlive one bad check
                         self._say(f"[fleet] monitor: {c.name}: {type(e).__name__}: {e}")
 
-    def _respawn(self, c: _Child) -> None:
+    def _respawn(self, c: Child) -> None:
         if c is self._router:
             self._spawn_router(c)
         else:
             self._spawn_server(c)
 
-    def _check(self, c: _Child, http: httpx.Client) -> None:
+    def _check(self, c: Child, http: httpx.Client) -> None:
         now = time.monotonic()
         with self._lock:
             if self._stopping.is_set() or c.proc is None:
@@ -636,7 +491,7 @@ class LocalFleet:
             what = "" if is_router else f" with weights v{self._current[1]}"
             self._say(f"[fleet] {c.name} (port {c.port}) died (exit {rc}); restarting{what}")
             with self._lock:
-                _killpg(c.proc, signal.SIGKILL)  # strays of its group: the router, if only its guard died
+                killpg(c.proc, signal.SIGKILL)  # strays of its group: the router, if only its guard died
             if is_router:
                 self.router_restarts += 1
             else:
@@ -645,7 +500,7 @@ class LocalFleet:
         elif c.state == "starting" and (rc is not None or now - c.started_at > self.startup_timeout_s):
             if rc is None:
                 with self._lock:
-                    _killpg(c.proc, signal.SIGKILL)
+                    killpg(c.proc, signal.SIGKILL)
                 c.proc.wait(timeout=10.0)
             c.failures += 1
             delay = min(30.0, 2.0 ** c.failures)
@@ -666,7 +521,7 @@ class LocalFleet:
             self._say(f"[fleet] {c.name} (port {c.port}) is back after {now - c.started_at:.0f} s"
                       + ("" if is_router else f" with weights v{c.version}"))
 
-    def _catch_up_weights(self, s: _Child) -> None:
+    def _catch_up_weights(self, s: Child) -> None:
         """Weights newer than those it started with arrived while it was starting: push them to it."""
         path, version = self._current
         if version <= s.version:
@@ -687,60 +542,3 @@ def _ok(http: httpx.Client, url: str) -> bool:
         return http.get(url).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-# ---- the guard: runs a command and kills it once the experiment process is gone --------------------------
-
-
-def guard_main(parent_pid: int, cmd: Sequence[str], interval_s: float = WATCH_INTERVAL_S) -> int:
-    """Run ``cmd`` (in our process group); stop it when ``parent_pid`` stops being our parent; forward SIGTERM.
-
-    Returns the command's exit status (``128 + signal`` when a signal ended it).
-    """
-    if os.getppid() != parent_pid:
-        return 3
-    child = subprocess.Popen(list(cmd))
-
-    def forward(signum: int, frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    while True:
-        try:
-            rc = child.wait(timeout=interval_s)
-            return rc if rc >= 0 else 128 - rc
-        except subprocess.TimeoutExpired:
-            pass
-        if os.getppid() != parent_pid:
-            print(f"[guard] parent process {parent_pid} is gone: stopping {cmd[0]}", file=sys.stderr, flush=True)
-            child.terminate()
-            try:
-                child.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            return 3
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scalerl_jax.rollout.fleet --guard PARENT_PID -- CMD ...`` (used for the router)."""
-    p = argparse.ArgumentParser(prog="python -m scalerl_jax.rollout.fleet")
-    p.add_argument("--guard", type=int, required=True, metavar="PARENT_PID",
-                   help="run CMD and kill it once PARENT_PID is no longer this process's parent")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        p.error("no command given after --")
-    return guard_main(args.guard, cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

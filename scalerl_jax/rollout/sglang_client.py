@@ -3,17 +3,9 @@
 ``SGLangGenerator`` talks to one or more servers that speak SGLang's native API: real SGLang servers (0.4.10 to
 0.5.23 read), our own :mod:`scalerl_jax.rollout.server`, or an ``sglang-router`` URL in front of either. It
 sends one ``POST /generate`` per :class:`GenerationRequest` (``n`` samples in ``sampling_params.n``), many at
-once from a thread pool, and maps each response into :class:`Completion` s.
-
-Responses, read the same way from every release:
-
-- tokens and log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples):
-  ``output_ids`` is absent in 0.4.x and holds a few prompt tokens too in 0.5.3, so it is only cross-checked;
-- per-token versions: our extension ``output_token_versions`` when present; else SGLang 0.5.19+'s
-  ``meta_info.weight_versions`` spans; else every token gets the client's weight version when the attempt was
-  submitted (or the server's ``weight_version`` if that is older): never a newer one, so staleness is never
-  under-counted;
-- a response that does not parse (no log-probs, wrong count of samples) is a failed attempt and is retried.
+once from a thread pool, and maps each response into :class:`Completion` s. The wire format (request bodies,
+the reading of responses from every release, server releases and capabilities) is
+:mod:`scalerl_jax.rollout.sglang_wire`; here are the calls, the retries, the fleet and the weight updates.
 
 Reliability: every request is a job that completes exactly once. A failed attempt (connection error, timeout,
 HTTP 5xx, a malformed body, or an ``abort`` finish when ``retry_aborted``) is retried with exponential back-off
@@ -23,25 +15,18 @@ aborts everything in flight on ``/pause_generation``) is re-sent without countin
 
 Weight updates (PipelineRL's in-flight update): :meth:`SGLangGenerator.update_weights` runs, on every server,
 ``/pause_generation`` -> ``/update_weights_from_disk {model_path, weight_version, flush_cache}`` ->
-``/continue_generation``. The pause mode and ``flush_cache`` follow the server's release (``/get_server_info``
-``version``): 0.5.6+ and ours take ``{"mode": pause_mode}`` (``in_place`` by default, with ``flush_cache:
-false``, which SGLang 0.5.23 requires while requests are paused in place); older releases take no mode and
-abort what is in flight. A router URL is expanded into its workers first (``GET /workers``, or older routers'
-``GET /list_workers``): ``sglang-router`` does not forward these control routes.
+``/continue_generation``, in the bodies the server's release takes (:meth:`.ServerCaps.update_bodies`: 0.5.6+
+and ours pause in ``pause_mode``, ``in_place`` by default; older releases abort what is in flight). A router
+URL is expanded into its workers first (``GET /workers``, or older routers' ``GET /list_workers``):
+``sglang-router`` does not forward these control routes.
 
-Interruption length control: our server does it in the engine (request field ``length_control``). Real SGLang
-does not know that field and ``sglang-router`` drops every field it does not know, so the client does it itself
-there, in two calls per sample: generate up to the thinking budget; if thinking did not end, append the
-interruption ids (flagged injected) and generate the answer from prompt + output (SGLang's prefix cache makes the
-second prefill cheap). The engine path is used only for a server (not a router) whose ``GET /get_model_info``
-lists ``length_control`` in ``scalerl_extensions``; a response that comes back without our ``think_budget``
-field switches that server to the client path and the request is redone there, so interruption never silently
-does not happen.
-
-Stop tokens: the protocol's ``stop_token_ids`` are the whole stop set. Real SGLang also stops at the model's
-EOS unless ``ignore_eos``, which disables ``stop_token_ids`` too; so a request without stop ids is sent with
-``ignore_eos: true`` (generate to ``max_new_tokens``, like the embedded engine), and one with stop ids stops at
-them and at EOS (include EOS in them, as the trainer does, for identical behaviour on every back-end).
+Interruption length control: our server does it in the engine (request field ``length_control``). Real SGLang does
+not know that field and ``sglang-router`` drops every field it does not know, so the client does it itself there, in
+two rounds of calls per request: generate up to the thinking budget; if thinking did not end, append the interruption
+ids (flagged injected) and generate the answer from prompt + output (SGLang's prefix cache makes the second prefill
+cheap). The engine path is used only for a server (not a router) whose ``GET /get_model_info`` lists
+``length_control`` in ``scalerl_extensions``; a response that comes back without our ``think_budget`` field switches
+that server to the client path and the request is redone there, so interruption never silently does not happen.
 
 Numbers for the trainer: :meth:`SGLangGenerator.stats_snapshot` (attempts, retries, failovers, re-sent aborted
 requests, and per server: requests, generated tokens, busy seconds and tokens per busy second) and
@@ -53,31 +38,27 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
 import httpx
 
-from scalerl_jax.rollout.protocol import (
-    INJECTED_VERSION,
-    Completion,
-    GenerationRequest,
-    LengthControl,
-    SamplingParams,
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
+from scalerl_jax.rollout.sglang_wire import (
+    PAUSE_MODES,
+    BadResponse,
+    Sample,
+    ServerCaps,
+    generate_payload,
+    parse_sample,
+    response_outputs,
 )
 
 log = logging.getLogger(__name__)
-
-_SGLANG_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-PAUSE_MODES = ("in_place", "retract", "abort")
-# First SGLang release whose /pause_generation takes {"mode"} and whose UpdateWeightFromDiskReqInput has
-# flush_cache (managers/io_struct.py: absent in 0.5.5.post3, present in 0.5.6)
-PAUSE_MODE_RELEASE = (0, 5, 6)
 
 
 class GenerationError(RuntimeError):
@@ -92,56 +73,6 @@ class _UpdateAborted(Exception):
     """The server aborted the request while a weight update was under way: re-send it, not counted as a retry."""
 
 
-def parse_version(v: Any, default: int) -> int:
-    """SGLang's ``weight_version`` is a string (``"default"`` until set); ours are integers."""
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def parse_release(v: Any) -> tuple[int, int, int] | None:
-    """``"0.5.3.post1"`` -> ``(0, 5, 3)``; None for anything that is not an SGLang release string."""
-    m = re.match(r"^\s*v?(\d+)\.(\d+)\.(\d+)", v) if isinstance(v, str) else None
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
-
-
-def sampling_payload(p: SamplingParams, n: int | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
-    """SGLang ``sampling_params`` for ``p`` (field names as in SGLang's SamplingParams)."""
-    out: dict[str, Any] = {
-        "temperature": float(p.temperature), "top_p": float(p.top_p),
-        "max_new_tokens": int(p.max_new_tokens if max_new_tokens is None else max_new_tokens),
-        "n": int(p.n if n is None else n),
-    }
-    if p.stop_token_ids:
-        out["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
-    else:
-        out["ignore_eos"] = True  # no stop set: generate to max_new_tokens, as the embedded engine does
-    return out
-
-
-def length_payload(lc: LengthControl) -> dict[str, Any]:
-    """Our extension field ``length_control`` (unknown to real SGLang; dropped by ``sglang-router``)."""
-    return {
-        "think_end_ids": list(lc.think_end_ids), "interruption_ids": list(lc.interruption_ids),
-        "budget_lo": lc.budget_lo, "budget_hi": lc.budget_hi, "answer_budget": lc.answer_budget,
-    }
-
-
-def generate_payload(prompt_ids: Sequence[int], p: SamplingParams, *, n: int | None = None,
-                     max_new_tokens: int | None = None, length: LengthControl | None = None) -> dict[str, Any]:
-    """The ``POST /generate`` body for one prompt (SGLang's GenerateReqInput field names)."""
-    body: dict[str, Any] = {
-        "input_ids": [int(t) for t in prompt_ids],
-        "sampling_params": sampling_payload(p, n, max_new_tokens),
-        "return_logprob": True,
-        "stream": False,
-    }
-    if length is not None:
-        body["length_control"] = length_payload(length)
-    return body
-
-
 def _first_end(seq: Sequence[int], sub: Sequence[int]) -> int | None:
     """Length of the shortest prefix of ``seq`` that ends with ``sub`` (None when ``sub`` never occurs)."""
     m = len(sub)
@@ -152,59 +83,6 @@ def _first_end(seq: Sequence[int], sub: Sequence[int]) -> int | None:
         if list(seq[i : i + m]) == sub:
             return i + m
     return None
-
-
-@dataclass
-class ServerCaps:
-    """What a server (not a router) is and can do, from its ``/get_server_info`` (or ``/server_info``)."""
-
-    url: str
-    ours: bool = False  # our scalerl_jax server (it lists scalerl_extensions)
-    version: str | None = None  # the "version" it reports
-    release: tuple[int, int, int] | None = None  # parsed SGLang release; None for ours or unknown
-    devices: int | None = None  # accelerator devices it computes on
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def pause_modes(self) -> bool:
-        """``/pause_generation`` takes ``mode`` (and keeps in-flight requests in place); unknown: assume so."""
-        return self.ours or self.release is None or self.release >= PAUSE_MODE_RELEASE
-
-    @property
-    def update_flush_field(self) -> bool:
-        """``/update_weights_from_disk`` has ``flush_cache`` (default true from 0.5.6)."""
-        return self.ours or self.release is None or self.release >= PAUSE_MODE_RELEASE
-
-
-def devices_from_server_info(info: Any) -> int | None:
-    """Accelerator devices a server computes on: ours reports ``device_count``; real SGLang's ``ServerArgs``
-    give ``tp_size * pp_size * dp_size`` (with DP attention the DP ranks live inside the TP group)."""
-    if not isinstance(info, dict):
-        return None
-    v = info.get("device_count")
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    ints = {k: info.get(k) for k in ("tp_size", "pp_size", "dp_size")}
-    if not isinstance(ints["tp_size"], int) or ints["tp_size"] < 1:
-        return None
-    n = ints["tp_size"] * (ints["pp_size"] if isinstance(ints["pp_size"], int) and ints["pp_size"] > 0 else 1)
-    if isinstance(ints["dp_size"], int) and ints["dp_size"] > 1 and not info.get("enable_dp_attention"):
-        n *= ints["dp_size"]
-    return n
-
-
-@dataclass
-class _Sample:
-    """One parsed sample of a ``/generate`` response."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    injected: list[bool]
-    finish: str
-    truncated: bool
-    think_budget: int | None
-    has_extensions: bool
 
 
 @dataclass
@@ -422,12 +300,7 @@ class SGLangGenerator:
                     break
         except httpx.HTTPError:
             return ServerCaps(url)
-        if not isinstance(info, dict):
-            info = {}
-        version = info.get("version") if isinstance(info.get("version"), str) else None
-        ours = "scalerl_extensions" in info or version == "scalerl_jax"
-        caps = ServerCaps(url, ours=ours, version=version, release=None if ours else parse_release(version),
-                          devices=devices_from_server_info(info), info=info)
+        caps = ServerCaps.from_info(url, info)
         self._caps[url] = caps
         return caps
 
@@ -452,7 +325,7 @@ class SGLangGenerator:
 
     # ---- one HTTP generate call with retries ------------------------------------------------------
 
-    def _post_generate(self, url: str, body: dict[str, Any]) -> list[_Sample]:
+    def _post_generate(self, url: str, body: dict[str, Any]) -> list[Sample]:
         """One attempt; returns the parsed samples or raises _Retryable / _UpdateAborted / GenerationError."""
         self._count("attempts")
         with self._lock:
@@ -476,11 +349,15 @@ class SGLangGenerator:
                 out = r.json()
             except ValueError as e:
                 raise _Retryable(f"{url}: response is not JSON: {r.text[:200]!r}") from e
-            outs = out if isinstance(out, list) else [out]
-            n = body["sampling_params"].get("n", 1)
-            if len(outs) != n or not all(isinstance(o, dict) and isinstance(o.get("meta_info"), dict) for o in outs):
-                raise _Retryable(f"{url}: expected {n} outputs with meta_info, got {str(out)[:200]}")
-            samples = [self._parse_sample(url, o, v_submit) for o in outs]
+            try:
+                outs = response_outputs(out, body["sampling_params"].get("n", 1))
+                samples = []
+                for o in outs:
+                    samples.append(parse_sample(o, v_submit))
+                    if samples[-1].output_ids_mismatch:
+                        self._count("output_ids_mismatches")
+            except BadResponse as e:
+                raise _Retryable(f"{url}: {e}") from e
             tokens = sum(len(s.token_ids) for s in samples)
             if any(s.finish == "abort" for s in samples):
                 fr = outs[0]["meta_info"].get("finish_reason")
@@ -495,44 +372,7 @@ class SGLangGenerator:
         finally:
             self._end(url, tokens, failed)
 
-    def _parse_sample(self, url: str, o: dict[str, Any], v_submit: int) -> _Sample:
-        """One response object -> _Sample (raises _Retryable when it does not have what we need)."""
-        meta = o["meta_info"]
-        lps = meta.get("output_token_logprobs")
-        if not isinstance(lps, list) or not all(isinstance(t, (list, tuple)) and len(t) >= 2 for t in lps):
-            raise _Retryable(f"{url}: meta_info.output_token_logprobs missing or malformed: {str(lps)[:200]}")
-        try:
-            ids = [int(t[1]) for t in lps]
-            logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in lps]
-        except (TypeError, ValueError) as e:
-            raise _Retryable(f"{url}: bad output_token_logprobs entry ({e})") from e
-        oi = o.get("output_ids")
-        if isinstance(oi, list) and oi != ids:
-            # 0.5.3 puts a few prompt tokens in front (the detokenizer's decode_ids): the log-prob ids are right
-            self._count("output_ids_mismatches")
-        n = len(ids)
-        ext = meta.get("output_token_versions")
-        if isinstance(ext, list) and len(ext) == n:
-            versions = [int(v) for v in ext]
-        else:
-            # a version that is not an integer ("default") means weights this trainer never pushed: the base
-            # model, version 0, whatever the trainer's version is (e.g. a server restarted outside the run)
-            versions = _versions_from_spans(meta.get("weight_versions"), n, 0)
-            if versions is None:
-                # only the server's version when the response was built is known: it may be newer than the
-                # tokens, so use the version at submit time (or the server's, if older: a stale server); a
-                # release that reports no version at all gets the submit-time one
-                wv = meta.get("weight_version")
-                versions = [v_submit if wv is None else min(v_submit, parse_version(wv, 0))] * n
-        inj = meta.get("output_token_injected")
-        injected = [bool(b) for b in inj] if isinstance(inj, list) and len(inj) == n else [False] * n
-        fr = meta.get("finish_reason")
-        ftype = fr.get("type") if isinstance(fr, dict) else fr if isinstance(fr, str) else None
-        finish = meta.get("scalerl_finish_reason") or _SGLANG_FINISH.get(ftype or "", "stop")
-        return _Sample(ids, logprobs, versions, injected, finish, bool(meta.get("truncated", finish == "length")),
-                       meta.get("think_budget"), "think_budget" in meta)
-
-    def _call(self, body: dict[str, Any], url: str | None = None) -> tuple[str, list[_Sample]]:
+    def _call(self, body: dict[str, Any], url: str | None = None) -> tuple[str, list[Sample]]:
         """``_post_generate`` with retries, back-off and failover; returns (server used, samples)."""
         url = url or self._pick()
         delay = self.backoff_s
@@ -585,7 +425,7 @@ class SGLangGenerator:
                 self._extensions[used] = False
                 self._count("length_fallbacks")
             else:
-                comps = [self._to_completion(rid, j, req, s) for j, s in enumerate(samples)]
+                comps = [s.to_completion(rid, j, req) for j, s in enumerate(samples)]
         if comps is None:
             comps = self._client_interruption(rid, req, lc)
         t1 = time.time()
@@ -593,14 +433,6 @@ class SGLangGenerator:
             c.timing.setdefault("submit", t0)
             c.timing["done"] = t1
         return comps
-
-    @staticmethod
-    def _to_completion(rid: str, j: int, req: GenerationRequest, s: _Sample) -> Completion:
-        return Completion(
-            request_id=rid, sample_index=j, prompt_ids=list(req.prompt_ids), token_ids=s.token_ids,
-            logprobs=s.logprobs, versions=s.versions, injected=s.injected, finish_reason=s.finish,  # type: ignore[arg-type]
-            truncated=s.truncated, think_budget=s.think_budget, meta=dict(req.meta),
-        )
 
     def _client_interruption(self, rid: str, req: GenerationRequest, lc: LengthControl) -> list[Completion]:
         """Interruption length control done by the client (servers that do not support ``length_control``), with
@@ -619,7 +451,7 @@ class SGLangGenerator:
         url, samples = self._call(generate_payload(req.prompt_ids, p, n=p.n, max_new_tokens=first))
         comps, todo = [], []  # todo: (completion, injected ids, tokens still allowed)
         for j, (s, budget) in enumerate(zip(samples, budgets)):
-            c = self._to_completion(rid, j, req, s)
+            c = s.to_completion(rid, j, req)
             c.think_budget = budget
             b = min(budget, p.max_new_tokens)
             end = _first_end(c.token_ids, lc.think_end_ids)
@@ -643,7 +475,7 @@ class SGLangGenerator:
             c, extra, more = item
             prompt2 = list(req.prompt_ids) + c.token_ids + extra
             _, samples2 = self._call(generate_payload(prompt2, p, n=1, max_new_tokens=more), url)
-            c2 = self._to_completion(rid, c.sample_index, req, samples2[0])
+            c2 = samples2[0].to_completion(rid, c.sample_index, req)
             k = len(extra)
             c.token_ids += extra + c2.token_ids
             c.logprobs += [0.0] * k + c2.logprobs
@@ -688,17 +520,8 @@ class SGLangGenerator:
             raise GenerationError(f"{url}{route}: HTTP {r.status_code}: {str(out)[:500]}")
         return out if isinstance(out, dict) else {"result": out}
 
-    def update_bodies(self, caps: ServerCaps, path: str, version: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The ``/pause_generation`` and ``/update_weights_from_disk`` bodies for a server of ``caps``."""
-        pause: dict[str, Any] = {"mode": self.pause_mode} if caps.pause_modes else {}
-        update: dict[str, Any] = {"model_path": str(path), "weight_version": str(version)}
-        if caps.update_flush_field:
-            # in place, running requests keep their KV cache: SGLang 0.5.23 refuses to flush then
-            update["flush_cache"] = self.pause_mode != "in_place"
-        return pause, update
-
     def _update_one(self, url: str, path: str, version: int) -> None:
-        pause, update = self.update_bodies(self.server_caps(url), path, version)
+        pause, update = self.server_caps(url).update_bodies(path, version, self.pause_mode)
         self._control(url, "/pause_generation", pause)
         try:
             self._control(url, "/update_weights_from_disk", update)
@@ -768,28 +591,9 @@ class SGLangGenerator:
 
     def device_count(self) -> int:
         """Accelerator devices the fleet generates on: the sum over servers (routers expanded into their workers)
-        of what each reports in ``/get_server_info`` (see :func:`devices_from_server_info`); a server that
-        cannot be asked, or reports nothing usable, counts as 1."""
+        of what each reports in ``/get_server_info`` (see :func:`.sglang_wire.devices_from_server_info`); a server
+        that cannot be asked, or reports nothing usable, counts as 1."""
         total = 0
         for url in self._control_targets():
             total += self.server_caps(url, refresh=True).devices or 1
         return total
-
-
-def _versions_from_spans(spans: Any, n: int, default: int) -> list[int] | None:
-    """SGLang 0.5.19+'s ``meta_info.weight_versions`` (``[{version, start, end}]``, end exclusive) -> one version
-    per output token; None when absent or not covering the tokens. A span whose version is not an integer
-    string (``"default"``: before any update) gets ``default``."""
-    if not isinstance(spans, list) or not spans or n == 0:
-        return None
-    out: list[int | None] = [None] * n
-    try:
-        for s in spans:
-            v = parse_version(s["version"], default)
-            for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
-                out[i] = v
-    except (KeyError, TypeError, ValueError):
-        return None
-    if any(v is None for v in out):
-        return None
-    return [int(v) for v in out if v is not None]

@@ -1,0 +1,204 @@
+"""Device side of the embedded engine (:mod:`scalerl_jax.rollout.engine`): jitted prefill, single-token decode
+forward, the per-row interruption state machine and the decode chunk under ``lax.scan``, over the slot KV cache
+``{"k", "v"}: [L, B, K, S, Dh]``.
+
+Prefill (:func:`_prefill_kv`) runs :func:`forward_cached` over new rows (their prompts minus the last token) on a
+cache of exactly T positions and returns their K/V in the decode layout; :func:`_scatter_rows` writes them into
+their slots. A decode step (:func:`_decode_step`) feeds each row's pending token at its own position (writing its
+K/V into the cache), takes float32 logits from the FP32 head (:func:`lm_logits`), chooses the next token and
+advances the row's state machine (below); :func:`_decode_chunk` runs ``n_steps`` of them in one ``lax.scan``.
+Finished and empty slots keep running (static shapes) but emit nothing. The engine calls the module-level jits
+(``prefill_kv_jit``, ``scatter_rows_jit``, ``decode_chunk_jit``): engines over the same config share compiled code.
+
+Per-slot arrays (their host mirrors are laid out in :mod:`scalerl_jax.rollout.rows`): constants ``rows`` (sampling
+parameters, stop ids, length control, the PRNG key and the row's index in its submission) and decode state ``st``
+(pending token, position, tokens generated, done, phase, injection index, answer tokens, think-end window, finish
+reason).
+
+Log-probs (see :mod:`scalerl_jax.rollout.sampling`): ``log_softmax(logits / temperature)`` of the chosen
+token, before top-p truncation (for temperature 0: ``log_softmax(logits)``), i.e. exactly what the trainer
+recomputes with ``token_logprobs(..., temperature=temperature)``. Injected tokens record 0.0.
+
+Interruption length control (RECIPE.md section 4), per row, inside the jitted loop:
+
+    THINK  --(n_generated == think_budget, think_end not seen)-->  INJECT  --(all interruption ids fed)-->
+    ANSWER --(stop token: "interrupted" | answer_budget sampled tokens: "length", truncated)
+    THINK  --(think_end_ids just completed)-->  FREE (plain generation: "stop" or "length")
+
+In INJECT the token is forced to ``interruption_ids[i]`` (flagged injected, version INJECTED_VERSION, logprob
+0.0) and still fed through the model, so the answer is conditioned on it. Because the state machine runs per
+step, the interruption lands exactly at the budget whatever the chunk size. ``max_new_tokens`` caps every
+completion (injected tokens included); with length control it must be at least
+``budget_hi + len(interruption_ids) + answer_budget``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from scalerl_jax.config import ModelConfig
+from scalerl_jax.models.llama import Params, _dt, _embed, forward_cached, init_cache, lm_logits, rms_norm, rope_inv_freq
+from scalerl_jax.rollout.sampling import sample_tokens
+
+PH_THINK, PH_INJECT, PH_ANSWER, PH_FREE = 0, 1, 2, 3
+FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_INTERRUPTED = 0, 1, 2, 3
+FINISH_NAMES = {FIN_STOP: "stop", FIN_LENGTH: "length", FIN_INTERRUPTED: "interrupted"}
+NO_BUDGET = 2**30  # the thinking budget of a row without length control
+
+
+def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
+    """K/V of new rows ``tokens_kT`` (positions 0..T-1) in the decode layout ``{"k", "v"}: [L, k, K, T, Dh]``.
+
+    Runs :func:`forward_cached` on a cache of exactly T positions (cheap cache writes). Compiled per (k, T) only,
+    not per slot-cache shape: the expensive compile is shared by every batch and cache size.
+    """
+    k, T = tokens_kT.shape
+    pos_kT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (k, T))
+    _, new = forward_cached(params, tokens_kT, pos_kT, init_cache(cfg, k, T), cfg)
+    return {n: jnp.swapaxes(new[n], 2, 3) for n in ("k", "v")}
+
+
+def _scatter_rows(cache, new, slot_k: jax.Array):
+    """Write new rows' K/V ``[L, k, K, T, Dh]`` into slots ``slot_k`` of the slot cache ``[L, B, K, S, Dh]``,
+    positions 0..T-1; a slot index >= B (bucket padding) is dropped. The slot's positions >= T keep whatever an
+    earlier row left there: decode overwrites each of them before any query can see it."""
+    T = new["k"].shape[3]
+    return {n: cache[n].at[:, slot_k, :, :T].set(new[n].astype(cache[n].dtype), mode="drop") for n in ("k", "v")}
+
+
+def _rope_1(x_BHD: jax.Array, cos_BD: jax.Array, sin_BD: jax.Array) -> jax.Array:
+    """Rotate-half RoPE for one position per row (same convention as :func:`llama.apply_rope`)."""
+    x = x_BHD.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x * cos_BD[:, None] + rot * sin_BD[:, None]).astype(x_BHD.dtype)
+
+
+def _decode_forward(params: Params, tok_B: jax.Array, pos_B: jax.Array, cache, cfg: ModelConfig):
+    """Single-token forward for decode: feed ``tok_B`` at ``pos_B``, return (final-norm hidden [B, D], cache).
+
+    Same math as :func:`llama.forward_cached` with T = 1, but specialised for CPU/GPU decode speed: the cache is
+    laid out [L, B, K, S, Dh] (attention is then a plain batched matmul over (B, K)), it travels in the
+    layer-scan carry so the new K/V is scattered in place, and RoPE angles are computed once per step.
+    """
+    if cfg.arch != "llama":  # the generic path (Llama-4 MoE): forward_cached with T = 1 in its own cache layout
+        c = {n: jnp.swapaxes(cache[n], 2, 3) for n in ("k", "v")}
+        h, c = forward_cached(params, tok_B[:, None], pos_B[:, None], c, cfg)
+        return h[:, 0], {n: jnp.swapaxes(c[n], 2, 3) for n in ("k", "v")}
+    dt = _dt(cfg.dtype)
+    B = tok_B.shape[0]
+    S = cache["k"].shape[3]
+    K, Dh = cfg.n_kv_heads, cfg.head_dim
+    G = cfg.n_heads // K
+    ang_BF = pos_B.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
+    cos_BD = jnp.cos(jnp.concatenate([ang_BF, ang_BF], -1))
+    sin_BD = jnp.sin(jnp.concatenate([ang_BF, ang_BF], -1))
+    mask_BS = jnp.arange(S)[None, :] <= pos_B[:, None]
+    b_idx = jnp.arange(B)[:, None]
+    k_idx = jnp.arange(K)[None, :]
+    scale = 1.0 / math.sqrt(Dh)
+
+    def body(carry, xs):
+        x_BD, ck, cv = carry
+        lp, layer = xs
+        h = rms_norm(x_BD, lp["attn_norm"], cfg.rms_eps)
+        q_BHD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wq"].astype(dt)), cos_BD, sin_BD)
+        k_BKD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wk"].astype(dt)), cos_BD, sin_BD)
+        v_BKD = jnp.einsum("bd,dhk->bhk", h, lp["wv"].astype(dt))
+        ck = ck.at[layer, b_idx, k_idx, pos_B[:, None]].set(k_BKD.astype(ck.dtype))
+        cv = cv.at[layer, b_idx, k_idx, pos_B[:, None]].set(v_BKD.astype(cv.dtype))
+        q_BKGD = q_BHD.reshape(B, K, G, Dh)
+        s_BKGS = jnp.einsum("bkgd,bksd->bkgs", q_BKGD, ck[layer].astype(dt), preferred_element_type=jnp.float32)
+        s_BKGS = jnp.where(mask_BS[:, None, None], s_BKGS * scale, jnp.finfo(jnp.float32).min)
+        p_BKGS = jax.nn.softmax(s_BKGS, axis=-1).astype(dt)
+        o_BHD = jnp.einsum("bkgs,bksd->bkgd", p_BKGS, cv[layer].astype(dt)).reshape(B, K * G, Dh)
+        x_BD = x_BD + jnp.einsum("bhk,hkd->bd", o_BHD, lp["wo"].astype(dt))
+        h = rms_norm(x_BD, lp["mlp_norm"], cfg.rms_eps)
+        g = jnp.einsum("bd,df->bf", h, lp["w_gate"].astype(dt))
+        u = jnp.einsum("bd,df->bf", h, lp["w_up"].astype(dt))
+        x_BD = x_BD + jnp.einsum("bf,fd->bd", jax.nn.silu(g) * u, lp["w_down"].astype(dt))
+        return (x_BD, ck, cv), None
+
+    x_BD = _embed(params, tok_B[:, None], cfg)[:, 0]
+    layers = jnp.arange(cfg.n_layers)
+    (x_BD, ck, cv), _ = jax.lax.scan(body, (x_BD, cache["k"], cache["v"]), (params["layers"], layers))
+    return rms_norm(x_BD, params["final_norm"], cfg.rms_eps), {"k": ck, "v": cv}
+
+
+def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, use_top_p: bool):
+    """One token for every row: feed the pending token, choose the next, advance the state machine."""
+    hidden_BD, cache = _decode_forward(params, st["tok"], st["pos"], cache, cfg)
+    logits_BV = lm_logits(params, hidden_BD, cfg)
+    samp_B, samp_lp_B = sample_tokens(logits_BV, rows["temp"], rows["top_p"], key, use_top_p=use_top_p)
+
+    active_B = ~st["done"]
+    phase_B = st["phase"]
+    inj_B = phase_B == PH_INJECT
+    n_inter = rows["inter_ids"].shape[1]
+    inj_idx_B = jnp.clip(st["inj_idx"], 0, n_inter - 1)
+    forced_B = jnp.take_along_axis(rows["inter_ids"], inj_idx_B[:, None], axis=1)[:, 0]
+    tok_B = jnp.where(inj_B, forced_B, samp_B)
+    lp_B = jnp.where(inj_B, 0.0, samp_lp_B)
+
+    n_gen_B = st["n_gen"] + active_B
+    inj_idx_new_B = st["inj_idx"] + (active_B & inj_B)
+    inj_finished_B = active_B & inj_B & (inj_idx_new_B >= rows["inter_len"])
+    ans_B = st["ans"] + (active_B & (phase_B == PH_ANSWER))
+
+    thinking_B = active_B & (phase_B == PH_THINK)
+    shifted_BW = jnp.concatenate([st["window"][:, 1:], tok_B[:, None]], axis=1)
+    window_BW = jnp.where(thinking_B[:, None], shifted_BW, st["window"])
+    matches_B = jnp.all((window_BW == rows["think_end"]) | ~rows["think_mask"], axis=1)
+    think_end_hit_B = thinking_B & matches_B
+
+    is_stop_B = active_B & ~inj_B & jnp.any(tok_B[:, None] == rows["stop"], axis=1)
+    budget_hit_B = thinking_B & ~think_end_hit_B & ~is_stop_B & (n_gen_B >= rows["budget"])
+    new_phase_B = jnp.where(think_end_hit_B, PH_FREE, phase_B)
+    new_phase_B = jnp.where(budget_hit_B, PH_INJECT, new_phase_B)
+    new_phase_B = jnp.where(inj_finished_B, PH_ANSWER, new_phase_B)
+    answer_full_B = (new_phase_B == PH_ANSWER) & (ans_B >= rows["ans_budget"])
+    len_hit_B = active_B & ~is_stop_B & (answer_full_B | (n_gen_B >= rows["max_new"]))
+
+    finish_B = st["finish"]
+    finish_B = jnp.where(is_stop_B, jnp.where(phase_B == PH_ANSWER, FIN_INTERRUPTED, FIN_STOP), finish_B)
+    finish_B = jnp.where(len_hit_B, FIN_LENGTH, finish_B)
+    new_st = {
+        "tok": jnp.where(active_B, tok_B, st["tok"]),
+        "pos": st["pos"] + active_B,
+        "n_gen": n_gen_B,
+        "done": st["done"] | is_stop_B | len_hit_B,
+        "phase": new_phase_B,
+        "inj_idx": inj_idx_new_B,
+        "ans": ans_B,
+        "window": window_BW,
+        "finish": finish_B,
+    }
+    return cache, new_st, (tok_B, lp_B, active_B, active_B & inj_B)
+
+
+def _decode_chunk(params, cache, st, rows, *, cfg: ModelConfig, n_steps: int, use_top_p: bool):
+    """``n_steps`` decode steps in one ``lax.scan``; returns (cache, state, per-step outputs [n_steps, B]).
+
+    Row b's sampling key at a step is its submission's key folded with the row's index in the submission and
+    then with its token index, so its noise does not depend on its slot, on the other rows or on chunk
+    boundaries.
+    """
+
+    def body(carry, _):
+        cache, st = carry
+        keys_B2 = jax.vmap(lambda k, r, n: jax.random.fold_in(jax.random.fold_in(k, r), n))(
+            rows["key"], rows["row_idx"], st["n_gen"])
+        cache, st, ys = _decode_step(params, cache, st, rows, keys_B2, cfg=cfg, use_top_p=use_top_p)
+        return (cache, st), ys
+
+    (cache, st), ys = jax.lax.scan(body, (cache, st), None, length=n_steps)
+    return cache, st, ys
+
+
+# Module-level jits (the config is a static, hashable argument): engines over the same config share compiled code.
+prefill_kv_jit = jax.jit(_prefill_kv, static_argnames=("cfg",))
+scatter_rows_jit = jax.jit(_scatter_rows, donate_argnums=(0,))
+decode_chunk_jit = jax.jit(_decode_chunk, static_argnames=("cfg", "n_steps", "use_top_p"), donate_argnums=(1, 2))

@@ -1,0 +1,153 @@
+"""Batch assembly against a hand-built reference: seven Completions (stop tokens, interruption-injected tokens, one
+completion longer than its row, a zero-variance group, a padding row) through ``build_train_batch``; every array
+of the TrainBatch is written out by hand below, and the advantages are worked by hand from RECIPE.md section 2:
+
+    Ahat_i = r_i - mean_g(r)       batch: Ahat_i / std(Ahat over kept groups)   prompt: Ahat_i / std_g(r)   none: Ahat_i
+
+(population standard deviations; zero-variance groups are dropped from the loss: mask 0 and advantage 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scalerl_jax.config import LossConfig
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion
+from scalerl_jax.train.rl_batch import build_train_batch
+
+VERSION = 5  # the version about to be updated: staleness = 5 - the token's version
+T, ROWS, PAD = 10, 8, 16  # row length, rows (7 completions + 1 padding row), pad id (not 0, to catch zero-fill)
+X = INJECTED_VERSION
+F, I = False, True  # noqa: E741  (injected flags)
+
+
+def comp(prompt, tokens, logprobs, versions, injected=None, finish="stop", truncated=False) -> Completion:
+    return Completion(request_id="r", sample_index=0, prompt_ids=list(prompt), token_ids=list(tokens),
+                      logprobs=list(logprobs), versions=list(versions),
+                      injected=list(injected or [False] * len(tokens)), finish_reason=finish, truncated=truncated)
+
+
+def groups_and_rewards():
+    g0 = [  # prompt [3, 4]
+        comp([3, 4], [8, 9, 1], [-0.1, -0.2, -0.3], [5, 4, 4]),  # stop token 1 at the end
+        comp([3, 4], [8, 10, 13, 14, 9, 1], [-0.5, -0.6, 0.0, 0.0, -0.7, -0.8], [3, 3, X, X, 4, 4],
+             [F, F, I, I, F, F], finish="interrupted"),  # 13, 14 injected by length control, then answer + stop
+    ]
+    g1 = [  # prompt [3, 5, 6]
+        # 3 + 9 = 12 tokens > T = 10: only the first 7 completion tokens fit (their versions: 5 5 5 5 4 4 4; the
+        # two cut tokens carry version 1, which must not count anywhere)
+        comp([3, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15], [-1.0, -1.1, -1.2, -1.3, -1.4, -1.5, -1.6, -1.7, -1.8],
+             [5, 5, 5, 5, 4, 4, 4, 1, 1], finish="length", truncated=True),
+        comp([3, 5, 6], [2, 1], [-0.4, -0.9], [5, 5]),
+        comp([3, 5, 6], [2, 13, 14, 15], [-0.25, 0.0, 0.0, -0.35], [4, X, X, 5], [F, I, I, F], finish="length",
+             truncated=True),  # interrupted, then ran out of answer budget
+    ]
+    g2 = [  # prompt [4]; both solved: zero variance, filtered
+        comp([4], [9, 1], [-0.05, -0.06], [5, 5]),
+        comp([4], [10, 11, 12, 1], [-0.01, -0.02, -0.03, -0.04], [5, 5, 5, 5]),
+    ]
+    rewards = [np.array([1.0, -1.0]), np.array([1.0, -1.0, -1.0]), np.array([1.0, 1.0])]
+    return [g0, g1, g2], rewards
+
+
+P = PAD
+TOKENS = [
+    [3, 4, 8, 9, 1, P, P, P, P, P],
+    [3, 4, 8, 10, 13, 14, 9, 1, P, P],
+    [3, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+    [3, 5, 6, 2, 1, P, P, P, P, P],
+    [3, 5, 6, 2, 13, 14, 15, P, P, P],
+    [4, 9, 1, P, P, P, P, P, P, P],
+    [4, 10, 11, 12, 1, P, P, P, P, P],
+    [P] * T,
+]
+# 1 exactly on sampled completion tokens (not prompt, padding, injected tokens; nothing in the filtered group 2)
+MASK = [
+    [0, 0, 1, 1, 1, 0, 0, 0, 0, 0],
+    [0, 0, 1, 1, 0, 0, 1, 1, 0, 0],
+    [0, 0, 0, 1, 1, 1, 1, 1, 1, 1],
+    [0, 0, 0, 1, 1, 0, 0, 0, 0, 0],
+    [0, 0, 0, 1, 0, 0, 1, 0, 0, 0],
+    [0] * T,
+    [0] * T,
+    [0] * T,
+]
+MASK_UNFILTERED_G2 = [[0, 1, 1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0, 0, 0]]
+# gen_logp[t] is the generator's log-prob of tokens[t] itself (the trainer compares it with the log-prob that
+# position t - 1 predicts for token t)
+GEN_LOGP = [
+    [0, 0, -0.1, -0.2, -0.3, 0, 0, 0, 0, 0],
+    [0, 0, -0.5, -0.6, 0, 0, -0.7, -0.8, 0, 0],
+    [0, 0, 0, -1.0, -1.1, -1.2, -1.3, -1.4, -1.5, -1.6],
+    [0, 0, 0, -0.4, -0.9, 0, 0, 0, 0, 0],
+    [0, 0, 0, -0.25, 0, 0, -0.35, 0, 0, 0],
+    [0, -0.05, -0.06, 0, 0, 0, 0, 0, 0, 0],
+    [0, -0.01, -0.02, -0.03, -0.04, 0, 0, 0, 0, 0],
+    [0] * T,
+]
+# 5 - version on completion tokens; 0 on injected tokens (their version is INJECTED_VERSION), prompt and padding
+STALENESS = [
+    [0, 0, 0, 1, 1, 0, 0, 0, 0, 0],
+    [0, 0, 2, 2, 0, 0, 1, 1, 0, 0],
+    [0, 0, 0, 0, 0, 0, 0, 1, 1, 1],
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    [0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+    [0] * T,
+    [0] * T,
+    [0] * T,
+]
+REWARDS = [1, -1, 1, -1, -1, 1, 1, 0]
+TRUNCATED = [0, 0, 1, 0, 1, 0, 0, 0]
+GROUP_IDS = [0, 0, 1, 1, 1, 2, 2, 3]  # the padding row gets its own unused group id (3 groups + 0)
+
+# Advantages by hand. Ahat: group 0 mean 0 -> (1, -1); group 1 mean -1/3 -> (4/3, -2/3, -2/3); group 2 (rewards
+# 1, 1) is zero-variance -> 0, and so is the padding row.
+# batch: the kept Ahat (1, -1, 4/3, -2/3, -2/3) have mean 0 and variance (1 + 1 + 16/9 + 4/9 + 4/9) / 5 = 14/15, so
+#   A = Ahat * sqrt(15/14) (the filtered group's zeros are not part of the std: with them it would be sqrt(3/2)).
+# prompt: group 0's reward std is 1; group 1's is sqrt(((4/3)^2 + 2 (2/3)^2) / 3) = sqrt(8/9) = 2 sqrt(2) / 3, so
+#   A = (4/3, -2/3, -2/3) * 3 / (2 sqrt 2) = (sqrt 2, -1/sqrt 2, -1/sqrt 2).
+# none: A = Ahat.
+_S = math.sqrt(15 / 14)
+ADVANTAGES = {
+    "batch": [_S, -_S, 4 / 3 * _S, -2 / 3 * _S, -2 / 3 * _S, 0, 0, 0],
+    "prompt": [1, -1, math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0, 0],
+    "none": [1, -1, 4 / 3, -2 / 3, -2 / 3, 0, 0, 0],
+}
+
+
+@pytest.mark.parametrize("normalization", ["batch", "prompt", "none"])
+def test_build_train_batch_matches_hand_built_arrays(normalization):
+    groups, rewards = groups_and_rewards()
+    batch, stats = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                     loss_cfg=LossConfig(normalization=normalization, filter_zero_variance=True))
+    np.testing.assert_array_equal(batch.tokens, np.array(TOKENS, np.int32))
+    assert batch.tokens.dtype == np.int32
+    np.testing.assert_array_equal(batch.loss_mask, np.array(MASK, np.float32))
+    np.testing.assert_array_equal(batch.gen_logp, np.array(GEN_LOGP, np.float32))
+    np.testing.assert_array_equal(batch.staleness, np.array(STALENESS, np.int32))
+    np.testing.assert_array_equal(batch.rewards, np.array(REWARDS, np.float32))
+    np.testing.assert_array_equal(batch.truncated, np.array(TRUNCATED, np.float32))
+    np.testing.assert_array_equal(batch.group_ids, np.array(GROUP_IDS, np.int32))
+    # EPS = 1e-6 is added to the std: relative error below 1e-5
+    np.testing.assert_allclose(batch.advantages, np.array(ADVANTAGES[normalization]), rtol=1e-5, atol=1e-7)
+    assert stats.n_groups == 3 and stats.n_kept_groups == 2 and stats.n_filtered_groups == 1
+    assert stats.n_tokens == 3 + 4 + 7 + 2 + 2  # sampled tokens of the kept groups that fit their rows
+    assert stats.min_version == 3  # row 1's first tokens; the cut-off version-1 tokens of row 2 do not count
+    assert stats.max_staleness == 2
+    assert stats.reward_mean == pytest.approx(1 / 7) and stats.pass_rate == pytest.approx(4 / 7)
+    assert stats.truncation_rate == pytest.approx(2 / 7) and stats.interruption_rate == pytest.approx(2 / 7)
+    assert stats.completion_len_mean == pytest.approx((3 + 6 + 9 + 2 + 4 + 2 + 4) / 7)
+
+
+def test_without_zero_variance_filtering_the_group_stays_in_the_mask_with_zero_advantage():
+    groups, rewards = groups_and_rewards()
+    batch, stats = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                     loss_cfg=LossConfig(normalization="batch", filter_zero_variance=False))
+    want_mask = np.array(MASK, np.float32)
+    want_mask[5:7] = MASK_UNFILTERED_G2
+    np.testing.assert_array_equal(batch.loss_mask, want_mask)
+    np.testing.assert_allclose(batch.advantages, np.array(ADVANTAGES["batch"]), rtol=1e-5, atol=1e-7)
+    assert stats.n_tokens == 18 + 2 + 4

@@ -33,7 +33,6 @@ class ExperimentPlan:
     bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
     n_trainer_devices: int = 1
     variant: str = "scalerl"
-    model_preset: str = "llama3_8b"  # scalerl_jax.models.presets name the dry run AOT-compiles
 
 
 # ---- command-line overrides onto dataclass fields ----------------------------------------------------------
@@ -228,11 +227,11 @@ def dry_run(plan: ExperimentPlan) -> int:
     if n_rows % (exp.train.microbatches * dp):
         print(f"[dry-run] error: {n_rows} rows do not split into {exp.train.microbatches} micro-batches x {dp} shards")
         return 2
-    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", plan.model_preset, "--devices",
-           str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len), "--tensor", str(exp.mesh.tensor),
-           "--microbatches", str(exp.train.microbatches),
-           "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp))]
-    if exp.model.arch == "llama4":
-        cmd += ["--expert", str(exp.mesh.expert)]
-    print("[dry-run] " + " ".join(cmd[1:]), flush=True)
+    # the resolved configuration itself goes to the compiler: loss, head dtype, model fields, micro-batches, mesh
+    out = Path(exp.out_dir) / "dry_run"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2))
+    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--config", str(out / "config.json"), "--devices",
+           str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len),
+           "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp)), "--json", str(out / "aot.json")]
     return subprocess.call(cmd, env=dict(os.environ))

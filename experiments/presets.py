@@ -117,14 +117,13 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
 def tiny_moe_plan(seed: int = 0) -> ExperimentPlan:
     """The tiny default with the Llama-4 MoE model (``tiny_moe``): same task, recipe and budgets."""
     p = tiny_plan(seed)
-    return R(p, exp=R(p.exp, name="scalerl_tiny_moe", model=tiny_moe(), out_dir="runs/tiny_moe"),
-             model_preset="tiny_moe")
+    return R(p, exp=R(p.exp, name="scalerl_tiny_moe", model=tiny_moe(), out_dir="runs/tiny_moe"))
 
 
 def smoke_moe_plan(seed: int = 0) -> ExperimentPlan:
     """CI-sized tiny MoE run."""
     p = smoke_plan(seed)
-    return R(p, exp=R(p.exp, name="scalerl_smoke_moe", model=tiny_moe()), model_preset="tiny_moe")
+    return R(p, exp=R(p.exp, name="scalerl_smoke_moe", model=tiny_moe()))
 
 
 def scout_plan(seed: int = 0) -> ExperimentPlan:
@@ -132,7 +131,7 @@ def scout_plan(seed: int = 0) -> ExperimentPlan:
     devices with the expert axis over all 16 (experts expert-parallel, everything else FSDP over the same axis)."""
     p = real_8b_plan(seed)
     return R(p, exp=R(p.exp, name="scalerl_scout", model=scout_17b16e(), mesh=MeshConfig(data=1, fsdp=1, expert=16),
-                      out_dir="runs/scout"), model_preset="scout_17b16e")
+                      out_dir="runs/scout"))
 
 
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,

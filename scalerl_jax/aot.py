@@ -7,6 +7,12 @@ machine the mesh is made of simulated devices, so the command sets
     python -m scalerl_jax.aot --preset llama3_8b --devices 16 --seq-len 16384
     python -m scalerl_jax.aot --preset llama3_8b --devices 16 32 64 --seq-len 16384   # table
     python -m scalerl_jax.aot --preset scout_17b16e --devices 16 --seq-len 16384 --microbatches 2
+    python -m scalerl_jax.aot --config runs/8b/dry_run/config.json --devices 16 --seq-len 16384
+
+``--config`` takes a resolved ExperimentConfig (``dataclasses.asdict`` as JSON; ``experiments.math_8b --dry-run``
+writes one): the model, loss, head dtype, optimiser, micro-batches, mesh and sampling temperature all come from
+it, so the program compiled is the one the run would train with. Without it, ``--preset`` names a model preset
+and the loss and optimiser are the defaults.
 
 It prints per-device bytes from ``compiled.memory_analysis()`` next to the analytic split (params,
 optimiser state) and checks them against a GB200's 186 GB of HBM.
@@ -35,28 +41,37 @@ def _peek_devices(argv: list[str]) -> int:
     return 16
 
 
-# XLA:CPU emulates bfloat16: it upcasts the bf16 stack of saved layer inputs ([L, B, T, D], what remat keeps)
-# and its while-loop-invariant code motion then hoists that upcast out of the backward loop, holding a float32
-# copy of every layer's input (16 GiB per device for Scout at 16k tokens, 8 GiB for the 8B). GPU and TPU
-# compilers keep the bf16 slices native, so the simulated-device estimate turns that pass off unless
-# --cpu-licm is given (BUILD.md lists both numbers).
-CPU_AOT_XLA_FLAGS = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
+# XLA's passes run as they would for a launch: nothing is turned off by default. (The estimate once needed
+# XLA:CPU's while-loop-invariant code motion disabled: with a bf16 stack of saved layer inputs it hoisted a
+# float32 upcast of all of them out of the backward loop, 160 GiB/device for Scout. The layers now save that stack
+# as raw integer bits (models/llama.py remat_layer) and tie the weights to each micro-batch (train/step.py), and
+# the number is within 2% either way.) --cpu-no-licm turns the pass off to compare.
+NO_LICM_XLA_FLAGS = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
 
 if __name__ == "__main__":  # must happen before jax is imported
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_peek_devices(sys.argv)}"
-        + ("" if "--cpu-licm" in sys.argv else " " + CPU_AOT_XLA_FLAGS)
+        + (" " + NO_LICM_XLA_FLAGS if "--cpu-no-licm" in sys.argv else "")
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scalerl_jax import sharding as shd  # noqa: E402
-from scalerl_jax.config import LossConfig, MeshConfig, ModelConfig, TrainConfig  # noqa: E402
+from scalerl_jax.config import (  # noqa: E402
+    ExperimentConfig,
+    LossConfig,
+    MeshConfig,
+    ModelConfig,
+    TrainConfig,
+    from_dict,
+)
 from scalerl_jax.models.presets import get_preset  # noqa: E402
 from scalerl_jax.train import make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import abstract_batch, rl_loss  # noqa: E402
@@ -75,7 +90,7 @@ def _sharded_bytes(abstract, shardings) -> int:
 def aot_compile(
     model_cfg: ModelConfig, n_devices: int, *, seq_len: int, mesh_cfg: MeshConfig | None = None,
     loss_cfg: LossConfig | None = None, train_cfg: TrainConfig | None = None, seqs_per_shard: int = 1,
-    microbatches: int = 1, logp_chunk: int = 1024,
+    microbatches: int = 1, logp_chunk: int = 1024, temperature: float = 1.0,
 ) -> dict:
     """Compile the RL train step abstractly and return a memory report (bytes per device).
 
@@ -85,7 +100,7 @@ def aot_compile(
     """
     mesh_cfg = mesh_cfg or MeshConfig(fsdp=-1)
     loss_cfg = loss_cfg or LossConfig()
-    train_cfg = train_cfg or TrainConfig(microbatches=microbatches)
+    train_cfg = dataclasses.replace(train_cfg or TrainConfig(), microbatches=microbatches)
     mesh = shd.abstract_mesh(mesh_cfg, n_devices)
     dp = mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]  # the batch axes (ShardingRules.batch)
     global_batch = microbatches * dp * seqs_per_shard
@@ -93,7 +108,8 @@ def aot_compile(
     abstract_state, state_sh = state_shardings(model_cfg, opt, mesh)
     batch = abstract_batch(global_batch, seq_len)
     batch_sh = shd.batch_shardings(batch, mesh)
-    step = make_train_step(rl_loss(model_cfg, loss_cfg, logp_chunk=logp_chunk), opt, microbatches)
+    loss_fn = rl_loss(model_cfg, loss_cfg, temperature=temperature, logp_chunk=logp_chunk)
+    step = make_train_step(loss_fn, opt, microbatches)
 
     def traced(state, b):
         with shd.use_mesh(mesh):
@@ -120,7 +136,9 @@ def aot_compile(
         "microbatches": microbatches, "params_bytes": params_b, "opt_state_bytes": opt_b, "batch_bytes": batch_b,
         "argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp,
         "peak_bytes": peak, "fits_gb200": peak < 0.9 * GB200_HBM_BYTES, "lower_s": t1 - t0, "compile_s": t2 - t1,
-        "n_params": model_cfg.num_params(),
+        "n_params": model_cfg.num_params(), "loss": dataclasses.asdict(loss_cfg), "head_dtype": model_cfg.head_dtype,
+        "dtype": model_cfg.dtype, "param_dtype": model_cfg.param_dtype, "temperature": temperature,
+        "hlo_sha256": hashlib.sha256(lowered.as_text().encode()).hexdigest(),
     }
 
 
@@ -140,39 +158,61 @@ def format_table(reports: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama3_8b",
-                    help="model preset (tiny, llama_100m, llama3_8b, tiny_moe, scout_17b16e)")
+                    help="model preset (tiny, llama_100m, llama3_8b, tiny_moe, scout_17b16e); ignored with --config")
+    ap.add_argument("--config", default=None, metavar="JSON",
+                    help="a resolved ExperimentConfig as JSON (dataclasses.asdict): compile its model, loss, head "
+                         "dtype, optimiser, micro-batches, mesh and temperature instead of --preset's defaults")
     ap.add_argument("--devices", type=int, nargs="+", default=[16], help="simulated device counts to compile for")
     ap.add_argument("--seq-len", type=int, default=16384, help="tokens per sequence (paper: 16,384)")
-    ap.add_argument("--tensor", type=int, default=1, help="tensor-parallel axis size (the rest is fsdp)")
+    ap.add_argument("--tensor", type=int, default=None, help="tensor-parallel axis size (the rest is fsdp; default: "
+                    "the config's, else 1)")
     ap.add_argument("--expert", type=int, default=None,
-                    help="expert-parallel axis size (MoE presets; default: min(n_experts, devices))")
+                    help="expert-parallel axis size (MoE presets; default: the config's, else min(n_experts, devices))")
     ap.add_argument("--capacity-factor", type=float, default=None,
                     help="MoE all-to-all capacity factor (default: the preset's; None = dropless)")
-    ap.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation steps in the compiled step")
+    ap.add_argument("--microbatches", type=int, default=None,
+                    help="gradient-accumulation steps in the compiled step (default: the config's, else 1)")
     ap.add_argument("--seqs-per-shard", type=int, default=1, help="sequences per data shard per micro-batch")
     ap.add_argument("--json", help="also write the reports to this JSON file")
-    ap.add_argument("--cpu-licm", action="store_true", help="keep XLA:CPU's while-loop-invariant code motion (off by "
-                    "default: it hoists a float32 copy of the saved bf16 layer inputs that accelerators never make)")
+    ap.add_argument("--cpu-no-licm", action="store_true", help="turn off XLA's while-loop-invariant code motion "
+                    "(to compare: the default compiles with every pass, as a launch does)")
     args = ap.parse_args(argv)
-    cfg = get_preset(args.preset)
+    exp = None
+    if args.config:
+        try:
+            exp = from_dict(ExperimentConfig, json.loads(open(args.config).read()))
+        except (OSError, ValueError) as e:
+            ap.error(f"--config {args.config}: {e}")
+        cfg, loss_cfg, train_cfg, temperature = exp.model, exp.loss, exp.train, exp.rollout.temperature
+        what = f"{exp.name} from {args.config}"
+    else:
+        cfg, loss_cfg, train_cfg, temperature = get_preset(args.preset), LossConfig(), TrainConfig(), 1.0
+        what = f"preset {args.preset}"
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, args.seq_len))
     if args.capacity_factor is not None:
         cfg = dataclasses.replace(cfg, moe_capacity_factor=args.capacity_factor)
+    microbatches = args.microbatches or (train_cfg.microbatches if exp else 1)
+    tensor = args.tensor or (exp.mesh.tensor if exp else 1)
+    print(f"[aot] {what}: {cfg.num_params() / 1e9:.2f}B params ({cfg.arch}, {cfg.n_layers} layers), "
+          f"{loss_cfg.kind} loss ({loss_cfg.aggregation} aggregation, {loss_cfg.normalization} normalisation), "
+          f"{cfg.head_dtype} head, {cfg.dtype} compute, {microbatches} micro-batch(es), temperature {temperature}",
+          flush=True)
     reports = []
     for n in args.devices:
         ep = 1
         if cfg.arch == "llama4":
-            ep = args.expert or max(d for d in range(1, min(cfg.n_experts, n // args.tensor) + 1)
-                                    if cfg.n_experts % d == 0 and (n // args.tensor) % d == 0)
-        r = aot_compile(cfg, n, seq_len=args.seq_len, mesh_cfg=MeshConfig(fsdp=-1, tensor=args.tensor, expert=ep),
-                        microbatches=args.microbatches, seqs_per_shard=args.seqs_per_shard)
+            ep = args.expert or (exp.mesh.expert if exp and exp.mesh.expert > 1 else None) or max(
+                d for d in range(1, min(cfg.n_experts, n // tensor) + 1)
+                if cfg.n_experts % d == 0 and (n // tensor) % d == 0)
+        data = exp.mesh.data if exp else 1
+        r = aot_compile(cfg, n, seq_len=args.seq_len, mesh_cfg=MeshConfig(data=data, fsdp=-1, tensor=tensor, expert=ep),
+                        loss_cfg=loss_cfg, train_cfg=train_cfg, microbatches=microbatches,
+                        seqs_per_shard=args.seqs_per_shard, temperature=temperature)
         reports.append(r)
-        print(f"[aot] {args.preset} on {n} devices: peak {r['peak_bytes'] / GiB:.2f} GiB/device, "
+        print(f"[aot] {n} devices: peak {r['peak_bytes'] / GiB:.2f} GiB/device, "
               f"compiled in {r['compile_s']:.1f}s", flush=True)
     print(format_table(reports))
     if args.json:
-        import json
-
         with open(args.json, "w") as f:
             json.dump(reports, f, indent=2)
     return 0 if all(r["fits_gb200"] for r in reports) else 1

@@ -8,8 +8,10 @@ the tiny CPU preset lives in :mod:`scalerl_jax.models.presets` and ``experiments
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DType = Literal["float32", "bfloat16"]
 DEFAULT_PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -339,6 +341,33 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out_dir: str = "runs/scalerl"
+
+
+def from_dict(cls: type, data: dict[str, Any]):
+    """Rebuild the frozen config dataclass ``cls`` (nested ones included) from ``dataclasses.asdict`` output, e.g.
+    read back from JSON: nested dicts become their dataclasses, lists become tuples where the field is a tuple,
+    and every ``__post_init__`` check runs again. Missing fields keep their defaults; an unknown field is an
+    error that names it."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{cls.__name__}: expected a mapping of fields, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no field(s) {', '.join(map(repr, unknown))}")
+    return cls(**{k: _field_from_json(hints[k], v) for k, v in data.items()})
+
+
+def _field_from_json(typ: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
+    for t in options:
+        if dataclasses.is_dataclass(t) and isinstance(value, dict):
+            return from_dict(t, value)
+        if typing.get_origin(t) is tuple and isinstance(value, list):
+            return tuple(value)
+    return value
 
 
 def replace(cfg, **changes):

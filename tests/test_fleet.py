@@ -19,13 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
 
 from scalerl_jax.rollout.fleet import FleetError, LocalFleet
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from tests.test_server import kill_once_generating, save_random_checkpoint
-
-pytest.importorskip("sglang_router")
 
 ROOT = Path(__file__).resolve().parents[1]
 # reruns load the servers' executables instead of compiling them

@@ -174,7 +174,8 @@ def test_jsonl_prompt_data():
 
 
 def test_with_real_npr_curriculum():
-    curriculum = pytest.importorskip("scalerl_jax.data.curriculum")
+    from scalerl_jax.data import curriculum
+
     probs = arith_problems(30, seed=9)
     cur = curriculum.NPRCurriculum(threshold=0.9)
     it = PromptIterator(probs, seed=5, curriculum=cur)

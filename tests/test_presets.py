@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import jax
 import numpy as np
@@ -14,6 +15,7 @@ from scalerl_jax.config import ConfigError, LossConfig
 from scalerl_jax.data.pipeline import build_prompt_data
 from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.models import init_params
+from tests.conftest import ROOT
 
 R = dataclasses.replace
 
@@ -59,14 +61,43 @@ def test_every_combination_is_a_valid_config(preset, variant):
         assert len(diffs) == 1, diffs
 
 
+def _recipe_numbers() -> dict[str, float]:
+    """The 8B recipe's numbers read from docs/RECIPE.md's own sentences (the spec, not the preset's source)."""
+    text = " ".join((ROOT / "docs" / "RECIPE.md").read_text().split())
+    patterns = {
+        "lr": r"constant lr ([0-9.e-]+) after", "warmup": r"after (\d+) linear warm-up steps",
+        "adam_eps": r"Adam eps ([0-9.e-]+)", "wd": r"weight decay ([0-9.]+)\.",
+        "eps_max": r"our default is ([0-9.]+)\.", "k": r"k = 4 and 8 equal, (\d+) adopted",
+        "think_lo": r"from \[(\d+)k, \d+k\] tokens", "think_hi": r"from \[\d+k, (\d+)k\] tokens",
+        "answer": r"answer budget: (\d+)k tokens", "prompts": r"Batch: (\d+) prompts x", "group": r"prompts x (\d+) generations",
+        "layers": r"Llama-3.1-8B shapes: (\d+) layers", "d_model": r"d_model (\d+)", "ffn": r"FFN (\d+)",
+        "heads": r"(\d+) query heads", "kv": r"(\d+) KV heads", "vocab": r"vocab (\d+)",
+    }
+    out = {}
+    for name, pat in patterns.items():
+        m = re.search(pat, text)
+        assert m, f"docs/RECIPE.md no longer says {pat!r}"
+        out[name] = float(m.group(1))
+    return out
+
+
 def test_8b_preset_numbers_match_the_recipe():
+    r = _recipe_numbers()
     e = build_plan("8b").exp
-    assert (e.rollout.prompts_per_batch, e.rollout.group_size) == (48, 16)
-    assert (e.train.lr, e.train.warmup_steps, e.train.adam_eps, e.train.weight_decay) == (5e-7, 100, 1e-15, 0.01)
-    assert e.loss.eps_max == 5.0 and e.rollout.k == 8 and e.rollout.mode == "pipeline"
+    assert (e.rollout.prompts_per_batch, e.rollout.group_size) == (r["prompts"], r["group"])
+    assert (e.train.lr, e.train.warmup_steps, e.train.adam_eps, e.train.weight_decay) == (
+        r["lr"], r["warmup"], r["adam_eps"], r["wd"])
+    assert e.train.schedule == "constant" and e.loss.kind == "cispo"
+    assert e.loss.eps_max == r["eps_max"] and e.rollout.k == r["k"] and e.rollout.mode == "pipeline"
     lc = e.rollout.length
-    assert (lc.think_budget_lo, lc.think_budget_hi, lc.answer_budget) == (10240, 12288, 2048)
-    assert e.model.n_layers == 32 and e.model.d_model == 4096 and e.model.vocab_size == 128256
+    assert (lc.think_budget_lo, lc.think_budget_hi, lc.answer_budget) == (
+        r["think_lo"] * 1024, r["think_hi"] * 1024, r["answer"] * 1024)
+    m = e.model
+    assert (m.n_layers, m.d_model, m.ffn_dim, m.n_heads, m.n_kv_heads, m.vocab_size) == (
+        r["layers"], r["d_model"], r["ffn"], r["heads"], r["kv"], r["vocab"])
+    # the 16,384-token row holds the prompt, the largest thinking budget, the interruption text and the answer
+    plan = build_plan("8b")
+    assert e.rollout.max_prompt_len + e.rollout.max_new_tokens <= plan.seq_len == 16384
 
 
 def test_overrides_map_onto_fields_with_clear_errors():

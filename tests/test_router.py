@@ -15,6 +15,7 @@ import time
 import httpx
 import jax
 import pytest
+import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
 
 from scalerl_jax.models import init_params, tiny
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
@@ -28,8 +29,6 @@ from tests.test_server import (
     start_server,
     wait_healthy,
 )
-
-pytest.importorskip("sglang_router")
 
 INIT_SEED = 3
 
@@ -160,4 +159,11 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
     _check_results(reqs, results, params, cfg, 3)
     survivor = _stats(workers[0][1])
     assert survivor["generate_requests"] > 0
-    print("client stats after the kill:", client_stats)
+    # the client's own accounting of this call: one request each, every attempt either succeeded (one per request)
+    # or was retried/re-sent, the tokens are exactly the tokens returned, nothing needed a fallback
+    n_tokens = sum(len(c.token_ids) for comps in results for c in comps)
+    assert client_stats["requests"] == len(reqs) and client_stats["tokens"] == n_tokens, client_stats
+    assert client_stats["attempts"] == len(reqs) + client_stats["retries"] + client_stats["resent_aborted"]
+    assert client_stats["output_ids_mismatches"] == 0 and client_stats["length_fallbacks"] == 0
+    # one router URL: there is nowhere to fail over to on the client side (the router itself re-routes)
+    assert client_stats["failovers"] == 0

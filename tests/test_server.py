@@ -220,21 +220,31 @@ def test_stop_token_ids_stop_generation(server):
 
 
 def test_length_control_extension(server):
-    lc = {"think_end_ids": [16], "interruption_ids": [15, 16], "budget_lo": 3, "budget_hi": 3, "answer_budget": 4}
-    # ids 15/16 (';', '#') are the interruption text; greedy output of this prompt never emits '#' in 3 tokens?
-    out = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"temperature": 0, "max_new_tokens": 20,
-                                                                         "stop_token_ids": [1]},
+    """A prompt built to exceed its budget must be interrupted: the think-end id is one that greedy decoding does not
+    emit in the first 3 tokens (read from a plain request), so the engine has to inject the interruption text at
+    exactly 3 sampled tokens; and one whose think-end id is the 2nd greedy token must end thinking by itself."""
+    plain = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"temperature": 0, "max_new_tokens": 3}})
+    head = plain["output_ids"]
+    assert len(head) == 3
+    think_end = next(t for t in range(16, 1, -1) if t not in head and t != 15)
+    lc = {"think_end_ids": [think_end], "interruption_ids": [15, think_end], "budget_lo": 3, "budget_hi": 3,
+          "answer_budget": 4}
+    out = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"temperature": 0, "max_new_tokens": 20},
                              "length_control": lc, "return_logprob": True})
     meta = out["meta_info"]
     assert meta["think_budget"] == 3
     inj = meta["output_token_injected"]
-    if any(inj):  # interrupted exactly at the budget: 3 sampled tokens, then the 2 injected ids
-        assert inj[:5] == [False, False, False, True, True] and out["output_ids"][3:5] == [15, 16]
-        assert meta["output_token_versions"][3:5] == [-1, -1]
-        assert [t[0] for t in meta["output_token_logprobs"][3:5]] == [0.0, 0.0]
-        assert len(out["output_ids"]) <= 3 + 2 + 4
-    else:  # thinking ended (16 emitted) within the budget
-        assert 16 in out["output_ids"][:3]
+    # interrupted exactly at the budget: the 3 greedy tokens, then the 2 injected ids, then at most 4 answer tokens
+    assert out["output_ids"][:3] == head and inj[:5] == [False, False, False, True, True]
+    assert out["output_ids"][3:5] == [15, think_end] and sum(inj) == 2
+    assert meta["output_token_versions"][3:5] == [-1, -1]
+    assert [t[0] for t in meta["output_token_logprobs"][3:5]] == [0.0, 0.0]
+    assert len(out["output_ids"]) <= 3 + 2 + 4
+    # thinking that ends within the budget (the 2nd greedy token is the think-end id) is not interrupted
+    ended = dict(lc, think_end_ids=[head[1]], interruption_ids=[15, head[1]])
+    out2 = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"temperature": 0, "max_new_tokens": 20},
+                              "length_control": ended})
+    assert not any(out2["meta_info"]["output_token_injected"]) and out2["output_ids"][:2] == head[:2]
     bad = _generate(server, {"input_ids": PROMPTS[3], "sampling_params": {"max_new_tokens": 5}, "length_control": lc},
                     400)
     assert "budget_hi" in bad["message"]

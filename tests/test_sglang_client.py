@@ -242,14 +242,24 @@ def _in_flight(url: str) -> bool:
 
 
 def test_client_side_interruption_matches_server_semantics(real):
+    """Sampled (temperature 0.5), both paths: the think-end id is one that no prompt's greedy first 3 tokens contain,
+    so the prompts are built to run past their budget; interruption must fire on each path, and every interrupted
+    completion has the injected text at exactly its budget."""
     url, _ = real
+    prompts = [[3 + i, 12, 4, 14] for i in range(3)]
+    with SGLangGenerator(url, timeout_s=60, concurrency=4) as gen:
+        heads = [c[0].token_ids for c in gen.generate(
+            [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=3)) for p in prompts])]
+    think_end = next(t for t in range(16, 1, -1) if t != 15 and all(t not in h for h in heads))
     # prompt + budget + interruption <= 9 tokens keeps the client's second call in the same compiled shape
-    lc = LengthControl(think_end_ids=(16,), interruption_ids=(15, 16), budget_lo=2, budget_hi=3, answer_budget=4)
-    reqs = [GenerationRequest([3 + i, 12, 4, 14], SamplingParams(max_new_tokens=20, n=2, stop_token_ids=(1,)),
-                              request_id=f"i{i}") for i in range(3)]
+    lc = LengthControl(think_end_ids=(think_end,), interruption_ids=(15, think_end), budget_lo=2, budget_hi=3,
+                       answer_budget=4)
+    reqs = [GenerationRequest(p, SamplingParams(temperature=0.5, max_new_tokens=20, n=2), request_id=f"i{i}")
+            for i, p in enumerate(prompts)]
     for server_side in (True, False):
         with SGLangGenerator(url, timeout_s=60, concurrency=4, length=lc, server_length_control=server_side) as gen:
             results = gen.generate(reqs)
+        interrupted = 0
         for comps in results:
             assert len(comps) == 2
             for c in comps:
@@ -257,13 +267,16 @@ def test_client_side_interruption_matches_server_semantics(real):
                 b = c.think_budget
                 sampled_head = c.token_ids[:b]
                 if any(c.injected):
-                    assert 16 not in sampled_head and c.injected[b : b + 2] == [True, True]
-                    assert c.token_ids[b : b + 2] == [15, 16] and c.versions[b : b + 2] == [INJECTED_VERSION] * 2
+                    interrupted += 1
+                    assert think_end not in sampled_head and c.injected[b : b + 2] == [True, True]
+                    assert c.token_ids[b : b + 2] == [15, think_end]
+                    assert c.versions[b : b + 2] == [INJECTED_VERSION] * 2
                     assert c.logprobs[b : b + 2] == [0.0, 0.0] and sum(c.injected) == 2
                     assert len(c.token_ids) <= b + 2 + 4
                     assert c.finish_reason in ("interrupted", "length")
                 else:
-                    assert 16 in sampled_head or c.finish_reason == "stop"
+                    assert think_end in sampled_head
+        assert interrupted >= 1, ("interruption never fired", server_side)
 
 
 def test_client_side_interruption_equals_the_engine_token_for_token(real):

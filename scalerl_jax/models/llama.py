@@ -371,6 +371,38 @@ def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, inv_freq, kv=None):
     return constrain(x_BTD, ("batch", "seq", "act_embed")), new_kv
 
 
+_BITS = {2: jnp.uint16, 4: jnp.uint32}
+
+
+def remat_layer(f, x_dtype):
+    """``f(x, *args) -> (x_out, *rest)`` rematerialised: the backward pass recomputes ``f`` from its inputs, of
+    which it keeps only ``x`` and ``args`` (``jax.checkpoint`` with ``nothing_saveable``, written as a custom VJP).
+
+    The layer input ``x`` (``x_dtype``, the [B, T, D] activation that the layer scan stacks into [L, B, T, D] for
+    the backward loop) is saved as its raw bits, an unsigned integer of the same width, and bit-cast back inside
+    the backward loop. On GPU/TPU that is a no-op. XLA:CPU emulates bfloat16 by upcasting it, and with a bf16
+    stack its while-loop-invariant code motion hoisted that upcast out of the backward loop: a float32 copy of
+    every layer's input (15 GiB per device for Scout at 16k tokens) that no accelerator compiler makes, in the
+    AOT memory estimate. An integer stack is not upcast, so only the slice of the current layer is.
+    """
+    bits = _BITS[jnp.dtype(x_dtype).itemsize]
+
+    @jax.custom_vjp
+    def g(x, *args):
+        return f(x, *args)
+
+    def fwd(x, *args):
+        return f(x, *args), (jax.lax.bitcast_convert_type(x, bits), args)
+
+    def bwd(res, ct):
+        x_bits, args = res
+        _, vjp = jax.vjp(f, jax.lax.bitcast_convert_type(x_bits, x_dtype), *args)
+        return vjp(ct)
+
+    g.defvjp(fwd, bwd)
+    return g
+
+
 def _embed(params: Params, tokens_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
     x = jnp.take(params["embed"], tokens_BT, axis=0).astype(_dt(cfg.dtype))
     return constrain(x, ("batch", "seq", "act_embed"))
@@ -386,11 +418,15 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
     pos = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
     inv_freq = rope_inv_freq(cfg)
 
-    def body(x, lp):
-        return _layer(x, lp, pos, cfg, inv_freq)[0], None
+    def layer(x, lp, pos):
+        return _layer(x, lp, pos, cfg, inv_freq)[0]
 
     if cfg.remat:
-        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+        layer = remat_layer(layer, _dt(cfg.dtype))
+
+    def body(x, lp):
+        return layer(x, lp, pos), None
+
     # Without remat, a rolled scan stacks every layer's residuals into [L, ...] buffers (zero-filled, written
     # with dynamic-update-slice, read back with dynamic-slice): on CPU that traffic cost ~1/4 of the backward
     # pass. Unrolled, each layer's residuals are plain buffers. With remat only the [L, B, T, D] layer inputs

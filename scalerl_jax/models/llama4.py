@@ -39,6 +39,7 @@ from scalerl_jax.models.llama import (
     _embed,
     _proj,
     attend_with_cache,
+    remat_layer,
     rms_norm,
     rope_inv_freq,
 )
@@ -189,7 +190,7 @@ def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
                       rope=static_rope if static_rope is not None else rope, is_moe=True)
 
     if cfg.remat and cache is None:
-        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        layer = remat_layer(layer, _dt(cfg.dtype))
     xs = {"layers": params["layers"], "moe": params["moe"], "rope": jnp.asarray(ropes)}
     if cache is not None:
         xs["cache"] = cache
@@ -218,7 +219,7 @@ def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
     for rope, is_moe in set(kinds):
         f = functools.partial(_layer, cfg=cfg, inv_freq=inv_freq, rope=rope, is_moe=is_moe)
         if cfg.remat and cache is None:
-            f = jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)
+            f = remat_layer(f, _dt(cfg.dtype))
         fns[(rope, is_moe)] = f
     xs = {"layers": _blocked(params["layers"], nb), "moe": _blocked(params["moe"], nb)}
     if "dense" in params:

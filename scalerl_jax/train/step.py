@@ -67,7 +67,12 @@ def make_train_step(
         scaled_grad_fn = jax.value_and_grad(lambda p, b: jax.tree.map(scale, loss_fn(p, b)), has_aux=True)
 
         def body(acc, mb):
-            (loss, aux), g = scaled_grad_fn(params, mb)
+            # Tie the weights to this micro-batch: what is computed from them alone (the all-gathers of FSDP-sharded
+            # weights outside the layer scan: embedding, LM head) is then no longer loop-invariant, so XLA's
+            # while-loop-invariant code motion cannot hoist full gathered copies out of the loop and keep them
+            # alive through all micro-batches (Scout: two 3.9 GB f32 copies of the LM head per device).
+            p, mb = jax.lax.optimization_barrier((params, mb))
+            (loss, aux), g = scaled_grad_fn(p, mb)
             return jax.tree.map(combine, acc, (loss, aux, g)), None
 
         (loss0, aux0), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))

@@ -69,13 +69,13 @@ def main() -> None:
         plan = R(base, exp=e)
         trainer = build_trainer(plan, params, data, tok=CharTokenizer(), log=lambda s: None)
         blocking = []
-        save = trainer.ckpt.save
+        save = trainer.core.ckpt.save
 
-        def timed_save(step, state, extras, _save=save, _ck=trainer.ckpt, _b=blocking):
+        def timed_save(step, state, extras, _save=save, _ck=trainer.core.ckpt, _b=blocking):
             _save(step, state, extras)
             _b.append(_ck.last_blocking_s)
 
-        trainer.ckpt.save = timed_save
+        trainer.core.ckpt.save = timed_save
         t0 = time.time()
         try:
             summary = trainer.run()

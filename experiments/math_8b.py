@@ -10,6 +10,11 @@ Launch::
     python -m experiments.math_8b --preset 8b --model /ckpt/llama3.1-8b --data polaris.jsonl \\
         --sglang-urls http://gen0:30000 http://gen1:30000               # on accelerators
     python -m experiments.math_8b --preset tiny --set train.lr=2e-4 --set rollout.k=4  # field overrides
+    python -m scalerl_jax.launch --processes 2 --cpu-devices 2 -- experiments.math_8b --preset smoke  # 2 processes
+
+Several trainer processes (one global mesh, process 0 generating, scoring and writing; BUILD.md "Multi-host"):
+every process runs the same command with ``--coordinator HOST:PORT --num-processes P --process-id I``, or with
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` set, or as the tasks of an ``srun`` step.
 
 The tiny preset (DESIGN.md "The tiny default"): a ~0.8M-parameter Llama over a 17-character vocabulary is
 warm-started on the synthetic task ``a+b*c=`` (completion ``b*c=X;a+X=Y#Y``), then trained with every ScaleRL
@@ -68,7 +73,25 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a config field, e.g. train.lr=2e-4, rollout.k=4, loss.kind=dapo (repeatable)")
     ap.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    ap.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                    help="multi-process run: process 0's address for jax.distributed (with --num-processes and "
+                         "--process-id; default: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or "
+                         "SLURM's variables inside srun)")
+    ap.add_argument("--num-processes", type=int, default=None, metavar="P", help="multi-process run: processes")
+    ap.add_argument("--process-id", type=int, default=None, metavar="I", help="multi-process run: this one's rank")
+    ap.add_argument("--dist-timeout", type=int, default=300, metavar="S",
+                    help="multi-process run: seconds to wait for every process at start-up; a process that stops "
+                         "sending heartbeats for a fifth of this (at least 10 s) takes the others down")
     args = ap.parse_args(argv)
+    from scalerl_jax import distributed as dist
+    from scalerl_jax.config import ConfigError
+
+    try:
+        dcfg = dist.resolve(args.coordinator, args.num_processes, args.process_id, init_timeout_s=args.dist_timeout,
+                            heartbeat_timeout_s=max(10, args.dist_timeout // 5))
+    except ConfigError as e:
+        ap.error(str(e))
+    dist.initialize(dcfg)  # before any other JAX call
 
     preset = args.preset
     if preset is None:
@@ -109,7 +132,6 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
         return 2
     from experiments.run_path import run_experiment
-    from scalerl_jax.config import ConfigError
 
     t0 = time.time()
     try:
@@ -117,6 +139,9 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     except ConfigError as e:
         print(f"[{prog.split('.')[-1]}] error: {e}", file=sys.stderr)
         return 2
+    if summary.get("follower"):
+        print(f"[math_8b] process {summary['process']} done in {time.time() - t0:.0f}s")
+        return 0
     print(f"[math_8b] done in {time.time() - t0:.0f}s; run directory {Path(out).resolve()}")
     print(f"[math_8b] read {Path(out) / 'report.md'}")
     return 0 if summary.get("ok", True) else 1

@@ -251,7 +251,7 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 
 
 def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Generators | None = None,
-                  base_dir: Path | None = None, resume: bool = False, score=None, log=print):
+                  base_dir: Path | None = None, resume: bool = False, score=None, log=print, channel=None):
     """An RLTrainer for ``plan`` over ``data``, tokenised by ``tok``, generating with ``generators`` (built here
     from ``plan.exp.rollout`` when None)."""
     from scalerl_jax.rewards import score as default_score
@@ -266,7 +266,7 @@ def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Genera
                      pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=gens.train, eval_generator=gens.eval,
                      length=length, seq_len=plan.seq_len, run_dir=run_dir, resume=resume,
                      bos_id=getattr(tok, "bos_id", None), reward_transform=reward_transform(exp),
-                     generator_devices=gens.devices, log=log)
+                     generator_devices=gens.devices, log=log, channel=channel)
 
 
 # ---- the end-to-end run ------------------------------------------------------------------------------------
@@ -279,6 +279,25 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     ``warm_dir``: a warm start shared between runs (the leave-one-out variants of one seed). It is trained and
     saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
     """
+    from scalerl_jax import distributed as dist
+
+    if dist.process_count() > 1 and not dist.is_leader():
+        import jax
+
+        from scalerl_jax.train.core import follow_leader
+
+        follow_leader(log=log)  # the leader (process 0) does everything below and drives this process's shards
+        return {"ok": True, "follower": True, "process": jax.process_index()}
+    channel = dist.Channel() if dist.process_count() > 1 else None
+    try:
+        return _lead(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel)
+    except BaseException as e:
+        if channel is not None and not channel.closed:  # followers still waiting: release them with the reason
+            channel.send("stop", {"error": f"{type(e).__name__}: {e}"})
+        raise
+
+
+def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel) -> dict[str, Any]:
     from scalerl_jax.data.tokenizer import HFTokenizer
     from scalerl_jax.models.hf_io import load_hf_checkpoint
 
@@ -304,16 +323,26 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
     log(f"[base] {base.dir}: {exp.model.arch} {exp.model.num_params() / 1e6:.2f}M parameters, tokenizer of "
         f"{tok.vocab_size} tokens")
+    if channel is not None:  # the followers load the same base weights and build the same train state
+        from scalerl_jax.train.core import announce
+
+        announce(channel, exp, base_dir=str(base.dir), seq_len=plan.seq_len, pad_id=tok.pad_id, resume=resume)
     with ExitStack() as stack:
         gens = build_generators(plan, params, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
                                 length=length_control(exp, tok.encode), log=log)
         stack.callback(gens.close)
-        trainer = build_trainer(plan, params, data, tok=tok, generators=gens, resume=resume, log=log)
-        stack.callback(trainer.close)
+        trainer = build_trainer(plan, params, data, tok=tok, generators=gens, resume=resume, log=log,
+                                channel=channel)
+        failure: list[str] = []
+        stack.callback(lambda: trainer.close(failure[0] if failure else None))
         trainer.metrics.write({"kind": "data", "step": int(trainer.state.step), "n_train": len(data.train),
                                "n_val": len(data.val), "dropped_long_prompts_train": dropped["train"],
                                "dropped_long_prompts_val": dropped["val"]})
-        summary = trainer.run()
+        try:
+            summary = trainer.run()
+        except BaseException as e:
+            failure.append(f"{type(e).__name__}: {e}")
+            raise
     summary.update(warmstart_seconds=base.seconds, warmstart_dir=str(base.dir), base_model=str(base.dir),
                    base_made=base.made, dropped_long_prompts=dropped, n_train=len(data.train), n_val=len(data.val))
     fit_summary = None

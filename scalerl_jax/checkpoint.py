@@ -46,6 +46,15 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
 _checksums = jax.jit(lambda tree: [_leaf_checksum(x) for x in jax.tree.leaves(tree)])
 
 
+_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                                                  if jnp.issubdtype(x.dtype, jnp.floating)] or [jnp.bool_(True)])))
+
+
+def all_finite(state: Any) -> bool:
+    """Every floating leaf finite; computed on device, so sharded (and other processes') arrays need no gather."""
+    return bool(jax.device_get(_finite(state)))
+
+
 def state_checksums(state: Any) -> list[list[int]]:
     """Per-leaf checksums of a pytree of arrays (JSON-serialisable)."""
     return [[int(v) for v in np.asarray(c)] for c in jax.device_get(_checksums(state))]
@@ -86,8 +95,7 @@ class RunCheckpointer:
                 state, extras = restored["state"], restored["extras"]
                 if extras is None or "step" not in extras:
                     raise ValueError("extras missing")
-                leaves = jax.tree.leaves(state)
-                if not all(np.all(np.isfinite(np.asarray(x))) for x in leaves if np.asarray(x).dtype.kind == "f"):
+                if not all_finite(state):
                     raise ValueError("non-finite values in restored state")
                 want = extras.pop(_CHECKSUM_KEY, None)  # absent in checkpoints written before checksums existed
                 if want is not None and state_checksums(state) != want:

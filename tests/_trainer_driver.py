@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.step_sleep:
         import time
 
-        inner = trainer.step_fn
-        trainer.step_fn = lambda state, batch: (time.sleep(a.step_sleep), inner(state, batch))[1]
+        inner = trainer.core.step_fn
+        trainer.core.step_fn = lambda state, batch: (time.sleep(a.step_sleep), inner(state, batch))[1]
     try:
         summary = trainer.run()
     finally:

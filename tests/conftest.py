@@ -1,6 +1,7 @@
 """Shared test fixtures. Tests run on CPU; multi-device checks run in subprocesses with their own XLA_FLAGS."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,3 +15,17 @@ DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); te
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The whole smoke preset run once per session (warm start, RL, fit, report); its ``warmstart`` directory is
+    the base model (``--model``) of the fleet, multi-process and fixed-prompt tests. SCALERL_SMOKE_RUN=DIR reuses
+    a finished smoke run directory instead (for iterating on one test locally; CI always makes its own)."""
+    if os.environ.get("SCALERL_SMOKE_RUN"):
+        return Path(os.environ["SCALERL_SMOKE_RUN"])
+    out = tmp_path_factory.mktemp("smoke")
+    r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "smoke", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return out

@@ -20,13 +20,6 @@ def _run(args, timeout=1500):
     return r
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    _run(["--preset", "smoke", "--out", str(out)])
-    return out
-
-
 def _rows(out):
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 

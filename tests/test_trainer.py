@@ -73,13 +73,13 @@ class RecordingGenerator:
 
 
 def slow_down_steps(trainer, rng, max_sleep):
-    inner = trainer.step_fn
+    inner = trainer.core.step_fn
 
     def step(state, batch):
         time.sleep(float(rng.uniform(0, max_sleep)))
         return inner(state, batch)
 
-    trainer.step_fn = step
+    trainer.core.step_fn = step
 
 
 def token_versions(rb) -> np.ndarray:

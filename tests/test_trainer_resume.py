@@ -127,13 +127,13 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, damage):
     exp = make_exp(mode="ppo_off_policy", k=1, steps=4, checkpoint_every=2, keep=5)
     trainer, _ = build_trainer(tmp_path, exp, data=data)
     saved = {}
-    save = trainer.ckpt.save
+    save = trainer.core.ckpt.save
 
     def spy(step, state, extras):
         saved[step] = flat_params(state)
         save(step, state, extras)
 
-    trainer.ckpt.save = spy
+    trainer.core.ckpt.save = spy
     try:
         trainer.run()
     finally:
@@ -209,8 +209,8 @@ def test_pipeline_checkpoint_keeps_the_prompts_still_in_flight(tmp_path):
     exp = make_exp(mode="pipeline", k=2, steps=4, checkpoint_every=4, npr=False)
     data = make_data(n_train=64)  # 64 prompts: the run stays inside the first epoch
     trainer, _ = build_trainer(tmp_path, exp, data=data)
-    inner = trainer.step_fn
-    trainer.step_fn = lambda state, batch: (time.sleep(0.5), inner(state, batch))[1]  # generation runs ahead
+    inner = trainer.core.step_fn
+    trainer.core.step_fn = lambda state, batch: (time.sleep(0.5), inner(state, batch))[1]  # generation runs ahead
     try:
         s = trainer.run()
         drawn = trainer.prompts.get_state()["position"]

@@ -18,21 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from scalerl_jax import sharding as shd
-from scalerl_jax.checkpoint import RunCheckpointer
 from scalerl_jax.config import ExperimentConfig
 from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.pipeline import PromptData
+from scalerl_jax.distributed import Channel
 from scalerl_jax.metrics import MetricsWriter, Progress
 from scalerl_jax.rollout.orchestrator import PipelineRunner, RolloutBatch, RolloutProducer
 from scalerl_jax.rollout.protocol import Generator, LengthControl, SamplingParams
-from scalerl_jax.train.optim import make_optimizer
-from scalerl_jax.train.rl import rl_loss
+from scalerl_jax.train.core import TrainerCore
 from scalerl_jax.train.rl_batch import batch_is_finite, build_train_batch
-from scalerl_jax.train.step import TrainState, init_train_state, jit_train_step, make_train_step, state_shardings
+from scalerl_jax.train.step import TrainState
 
 
 def reseed_engine(engine: Any, seed: int) -> None:
@@ -69,7 +66,7 @@ class RLTrainer:
         generator: Generator, eval_generator: Generator, length: LengthControl | None, seq_len: int,
         run_dir: str | Path, resume: bool = False, bos_id: int | None = None, reward_transform=None,
         n_devices: int | None = None, generator_devices: int = 0, log: Callable[[str], None] = print,
-        on_batch: Callable[[int, RolloutBatch, Any, Any], None] | None = None,
+        on_batch: Callable[[int, RolloutBatch, Any, Any], None] | None = None, channel: Channel | None = None,
     ) -> None:
         self.exp, self.log = exp, log
         # observation hook: on_batch(step, rollout_batch, train_batch, batch_stats) for every batch handed to the
@@ -96,31 +93,22 @@ class RLTrainer:
         self.eval_producer = RolloutProducer(eval_generator, None, encode=encode, decode=decode, score=score,
                                              sampling=dataclasses.replace(self.sampling, n=self.tcfg.eval_samples),
                                              prompts_per_batch=0, length=length, bos_id=bos_id)
-        # train step, jitted over a mesh of all devices with explicit shardings and donation
-        self.mesh = shd.make_mesh(exp.mesh)
-        self.optimizer = make_optimizer(self.tcfg)
-        self.abstract_state, self.state_sh = state_shardings(self.mcfg, self.optimizer, self.mesh)
-        loss_fn = rl_loss(self.mcfg, exp.loss, temperature=self.rcfg.temperature)
-        step_fn = make_train_step(loss_fn, self.optimizer, self.tcfg.microbatches)
-        dummy = build_train_batch([], [], version=0, loss_cfg=exp.loss, seq_len=seq_len, n_rows=self.n_rows,
-                                  pad_id=pad_id)[0].as_dict()
-        self.batch_sh = shd.batch_shardings(dummy, self.mesh)
-        self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
-        self.ckpt = RunCheckpointer(self.run_dir / "checkpoints", keep=self.tcfg.keep_checkpoints)
-        state = jax.device_put(init_train_state(jax.tree.map(jnp.asarray, params), self.optimizer), self.state_sh)
+        # the device side (global mesh, sharded state, jitted step, checkpoints); with a channel, every call is
+        # mirrored on the follower processes of a multi-process run
+        self.core = TrainerCore(exp, params, seq_len=seq_len, pad_id=pad_id, run_dir=self.run_dir, channel=channel,
+                                log=log)
         offset = None
         self.resumed_from = None
         if resume:
-            restored = self.ckpt.restore_latest(self._abstract_with_shardings())
+            restored = self.core.restore()
             if restored is not None:
-                step, state, extras = restored
+                step, extras = restored
                 self._load_extras(extras)
                 offset = extras["metrics_offset"]
                 self.resumed_from = step
                 log(f"[rl] resumed from checkpoint step {step} ({self.run_dir / 'checkpoints'})")
             else:
                 log("[rl] --resume: no usable checkpoint found, starting from the initial weights")
-        self.state: TrainState = state
         self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
         self.version = int(self.state.step)
         self._push_weights()
@@ -128,9 +116,9 @@ class RLTrainer:
 
     # ---- state / checkpoint helpers ----
 
-    def _abstract_with_shardings(self):
-        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state,
-                            self.state_sh)
+    @property
+    def state(self) -> TrainState:
+        return self.core.state
 
     def _extras(self) -> dict[str, Any]:
         return {"step": int(self.state.step), "version": self.version, "data": self.producer.resume_state(),
@@ -143,12 +131,11 @@ class RLTrainer:
         self.counters = Counters(**extras["counters"])
 
     def save_checkpoint(self) -> None:
-        self.ckpt.save(int(self.state.step), self.state, self._extras())
+        self.core.save(int(self.state.step), self._extras())
 
     def _push_weights(self) -> None:
-        # a copy: the train step donates (deletes) the state's buffers on its next call
         t0 = time.perf_counter()
-        self.generator.update_weights(jax.tree.map(jnp.copy, self.state.params), self.version)
+        self.generator.update_weights(self.core.generator_params(), self.version)
         self.last_sync_s = time.perf_counter() - t0
 
     def _generator_metrics(self) -> dict[str, float]:
@@ -160,7 +147,8 @@ class RLTrainer:
 
     def evaluate(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self.eval_generator.update_weights(jax.tree.map(jnp.copy, self.state.params), self.version)
+        if self.eval_generator is not self.generator:  # one fleet for both already holds self.version
+            self.eval_generator.update_weights(self.core.generator_params(), self.version)
         reseed_engine(self.eval_generator, 10_000 + self.tcfg.seed * 7919 + int(self.state.step))
         val = self.data.val
         groups, rewards, _, n_tok, counts = self.eval_producer.generate_and_score(val)
@@ -237,8 +225,7 @@ class RLTrainer:
         if self.on_batch is not None:
             self.on_batch(step, rb, batch, stats)
         t0 = time.perf_counter()
-        self.state, m = self.step_fn(self.state, jax.device_put(batch.as_dict(), self.batch_sh))
-        m = jax.device_get(m)
+        m = self.core.step(batch.as_dict())
         dt = time.perf_counter() - t0
         self.counters.trainer_busy_s += dt
         real_tokens = int((batch.tokens != self.pad_id).sum())
@@ -307,7 +294,7 @@ class RLTrainer:
                 self.counters.generator_busy_s += runner.busy_s
             progress.close()
         wall = time.perf_counter() - wall0
-        self.ckpt.wait()
+        self.core.wait()
         summary = {"steps": int(self.state.step), "wall_seconds": wall, "final_val_reward": self.last_val,
                    "trainer_devices": self.n_devices, "generator_devices": self.generator_devices,
                    **self._generator_metrics(),
@@ -332,6 +319,10 @@ class RLTrainer:
             self._train_on(rb, t_clock, push=False)
         self._push_weights()
 
-    def close(self) -> None:
-        self.ckpt.close()
-        self.metrics.close()
+    def close(self, error: str | None = None) -> None:
+        """Release the followers of a multi-process run (with ``error``: they exit non-zero), then close."""
+        try:
+            self.core.stop(error)
+        finally:
+            self.core.close()
+            self.metrics.close()

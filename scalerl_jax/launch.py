@@ -1,0 +1,177 @@
+"""Start a multi-process run on one machine: P trainer processes of one command, each told its rank.
+
+    python -m scalerl_jax.launch --processes 2 --cpu-devices 2 -- experiments.math_8b --preset smoke --out runs/mp
+    python -m scalerl_jax.launch --processes 2 --cpu-devices 2 -- experiments.math_8b --preset small --generators 2
+
+Every process runs ``python -m MODULE ARGS`` with ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a free port),
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` set (``--cpu-devices D``: also D simulated CPU devices each, through
+``XLA_FLAGS``), so they form one ``jax.distributed`` run; process 0 is the leader (it generates, scores and
+writes). Generators: the leader starts them when the command has ``--generators N`` (N local servers and the
+real ``sglang-router``, as in a one-process run), or the command points at a fleet with ``--sglang-urls``.
+
+Output: process 0's lines pass through as they are, the others' are prefixed with ``[pI]``; every process's
+output is also written to ``--log-dir`` (default: the command's ``--out`` directory, ``launch/``).
+
+Failure: when a process exits non-zero (or is killed), the launcher stops the others at once (SIGTERM, then
+SIGKILL after ``--grace`` seconds) instead of letting them wait in a collective, says which process failed and
+how, and exits non-zero; Ctrl-C stops them all. ``--resume`` on the command then continues from the last
+checkpoint, with this or another process count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _out_dir(cmd: list[str]) -> Path | None:
+    for i, a in enumerate(cmd):
+        if a == "--out" and i + 1 < len(cmd):
+            return Path(cmd[i + 1])
+        if a.startswith("--out="):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+def child_env(base: dict[str, str], *, coordinator: str, n: int, rank: int, cpu_devices: int | None) -> dict:
+    env = dict(base, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=str(n), JAX_PROCESS_ID=str(rank),
+               PYTHONUNBUFFERED="1")
+    if cpu_devices:
+        flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+        env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={cpu_devices}"])
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _pump(proc: subprocess.Popen, rank: int, log_file) -> None:
+    prefix = "" if rank == 0 else f"[p{rank}] "
+    for line in proc.stdout:
+        log_file.write(line)
+        log_file.flush()
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
+def _describe(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def launch(module: str, args: list[str], *, processes: int, cpu_devices: int | None = None,
+           port: int | None = None, log_dir: Path | None = None, grace_s: float = 10.0) -> int:
+    """Run ``python -m module args`` as ``processes`` ranks of one jax.distributed run; the first non-zero exit
+    stops the rest (module docstring). Returns 0 when every process exited 0."""
+    coordinator = f"127.0.0.1:{port or free_port()}"
+    log_dir = log_dir or ((_out_dir(args) or Path("runs")) / "launch")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[launch] {processes} processes of `python -m {module} {' '.join(args)}`; coordinator {coordinator}"
+          f"{f'; {cpu_devices} CPU devices each' if cpu_devices else ''}; logs in {log_dir}", flush=True)
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    files = []
+    try:
+        for rank in range(processes):
+            f = open(log_dir / f"process_{rank}.log", "w")
+            files.append(f)
+            p = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 env=child_env(os.environ, coordinator=coordinator, n=processes, rank=rank,
+                                               cpu_devices=cpu_devices))
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p, rank, f), daemon=True)
+            t.start()
+            pumps.append(t)
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            for rank, p in enumerate(procs):
+                rc = p.poll()
+                if rc is not None and rc != 0:
+                    failed = (rank, rc)
+                    break
+            time.sleep(0.2)
+        if failed is None:
+            rcs = [p.wait() for p in procs]
+            bad = [(r, rc) for r, rc in enumerate(rcs) if rc != 0]
+            failed = bad[0] if bad else None
+        if failed is not None:
+            rank, rc = failed
+            print(f"[launch] process {rank} {_describe(rc)}; stopping the other processes "
+                  f"(see {log_dir / f'process_{rank}.log'}; continue with --resume)", file=sys.stderr, flush=True)
+            _stop(procs, grace_s)
+            return rc if rc > 0 else 128 - rc
+        return 0
+    except KeyboardInterrupt:
+        print("[launch] interrupted: stopping every process", file=sys.stderr, flush=True)
+        _stop(procs, grace_s)
+        return 130
+    finally:
+        _stop(procs, grace_s)
+        for t in pumps:
+            t.join(timeout=5)
+        for f in files:
+            f.close()
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every live process group, SIGKILL what is left after ``grace_s``."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        argv += ["--help"] if not argv else []
+    own, cmd = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(prog="python -m scalerl_jax.launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 usage="%(prog)s --processes P [options] -- MODULE [ARGS ...]")
+    ap.add_argument("--processes", type=int, required=True, metavar="P", help="trainer processes to start")
+    ap.add_argument("--cpu-devices", type=int, default=None, metavar="D",
+                    help="simulated CPU devices per process (XLA_FLAGS; CPU only)")
+    ap.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
+    ap.add_argument("--log-dir", type=Path, default=None, help="per-process logs (default: <--out>/launch)")
+    ap.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping")
+    a = ap.parse_args(own)
+    if not cmd:
+        ap.error("give the command after --, e.g. -- experiments.math_8b --preset smoke")
+    if a.processes < 1:
+        ap.error(f"--processes must be >= 1, got {a.processes}")
+    module = cmd[0][len("-m"):].strip() if cmd[0].startswith("-m") else cmd[0]
+    return launch(module, cmd[1:], processes=a.processes, cpu_devices=a.cpu_devices, port=a.port,
+                  log_dir=a.log_dir, grace_s=a.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The device side of an RL run, the part every process of a multi-process run executes together: the global
+mesh, the sharded train state, the jitted train step, weight gathering for the generators and the checkpoints.
+
+:class:`~scalerl_jax.train.trainer.RLTrainer` (the leader, process 0) calls these methods; in a multi-process run
+each call is first sent to the followers over a :class:`~scalerl_jax.distributed.Channel`, and every follower runs
+the same method in :meth:`TrainerCore.follow`, so the collectives inside (the train step's, the gather's,
+orbax's) line up. In a single process there is no channel and nothing is sent.
+
+- ``step(batch)``: the leader's host batch reaches every process (broadcast); each places only the rows its own
+  devices hold, and the same jitted step runs on the global mesh.
+- ``generator_params()``: the current weights for the generators. One process: device copies (the embedded
+  engine reads them in place). Several: gathered once to host NumPy on every process (a collective), used by the
+  leader only.
+- ``save`` / ``restore``: orbax writes every process's shards; a checkpoint restores onto whatever mesh and
+  process count this run has (orbax reshards to the target shardings), checked against the side car's
+  checksums.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax import distributed as dist
+from scalerl_jax import sharding as shd
+from scalerl_jax.checkpoint import RunCheckpointer
+from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.train.optim import make_optimizer
+from scalerl_jax.train.rl import rl_loss
+from scalerl_jax.train.rl_batch import build_train_batch
+from scalerl_jax.train.step import TrainState, init_train_state, jit_train_step, make_train_step, state_shardings
+
+
+class TrainerCore:
+    def __init__(self, exp: ExperimentConfig, params: Any, *, seq_len: int, pad_id: int, run_dir: str | Path,
+                 channel: dist.Channel | None = None, log=print) -> None:
+        self.exp, self.log = exp, log
+        self.channel = channel
+        self.multi = jax.process_count() > 1
+        self.mcfg, self.tcfg = exp.model, exp.train
+        self.n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+        self.mesh = shd.make_mesh(exp.mesh)
+        self.optimizer = make_optimizer(self.tcfg)
+        self.abstract_state, self.state_sh = state_shardings(self.mcfg, self.optimizer, self.mesh)
+        loss_fn = rl_loss(self.mcfg, exp.loss, temperature=exp.rollout.temperature)
+        step_fn = make_train_step(loss_fn, self.optimizer, self.tcfg.microbatches)
+        dummy = build_train_batch([], [], version=0, loss_cfg=exp.loss, seq_len=seq_len, n_rows=self.n_rows,
+                                  pad_id=pad_id)[0].as_dict()
+        self.batch_sh = shd.batch_shardings(dummy, self.mesh)
+        self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
+        self.ckpt = RunCheckpointer(Path(run_dir) / "checkpoints", keep=self.tcfg.keep_checkpoints)
+        init = init_train_state(jax.tree.map(jnp.asarray, params), self.optimizer)
+        if self.multi:
+            self.state: TrainState = dist.put_global(jax.device_get(init), self.state_sh)
+        else:
+            self.state = jax.device_put(init, self.state_sh)
+
+    @property
+    def step_count(self) -> int:
+        return int(self.state.step)
+
+    def _send(self, cmd: str, meta: dict[str, Any] | None = None, arrays: dict[str, np.ndarray] | None = None):
+        if self.channel is not None:
+            self.channel.send(cmd, meta, arrays)
+
+    # ---- the commands (the leader calls them; followers run them from follow()) ----
+
+    def restore(self) -> tuple[int, dict[str, Any]] | None:
+        """Restore the newest usable checkpoint into the state; (step, extras) or None. Every process calls it
+        at start-up (followers from :func:`follow_leader`), so it is not a command."""
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                self.abstract_state, self.state_sh)
+        restored = self.ckpt.restore_latest(abstract)
+        if restored is None:
+            return None
+        step, self.state, extras = restored
+        return step, extras
+
+    def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        """One train step on the leader's host batch; host metrics."""
+        self._send("step", arrays=batch)
+        return self._step(batch)
+
+    def _step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self.multi:
+            placed = dist.local_rows(batch, self.batch_sh)
+        else:
+            placed = jax.device_put(batch, self.batch_sh)
+        self.state, m = self.step_fn(self.state, placed)
+        return jax.device_get(m)
+
+    def generator_params(self) -> Any:
+        """The current weights for the generators (module docstring)."""
+        self._send("gather")
+        return self._gather()
+
+    def _gather(self) -> Any:
+        if self.multi:
+            return dist.gather_to_host(self.state.params)
+        # a copy: the train step donates (deletes) the state's buffers on its next call
+        return jax.tree.map(jnp.copy, self.state.params)
+
+    def save(self, step: int, extras: dict[str, Any]) -> None:
+        self._send("save", {"step": step, "extras": extras})
+        self.ckpt.save(step, self.state, extras)
+
+    def wait(self) -> None:
+        self._send("wait")
+        self.ckpt.wait()
+
+    def stop(self, error: str | None = None) -> None:
+        """Release the followers (they leave :meth:`follow`; with ``error`` they exit non-zero)."""
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send("stop", {"error": error})
+        self.channel = None
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+    # ---- the follower's side ----
+
+    def follow(self, channel: dist.Channel) -> None:
+        """Run the leader's commands until it says stop; raises if the leader stopped with an error."""
+        while True:
+            cmd, meta, arrays = channel.recv()
+            if cmd == "step":
+                self._step(arrays)
+            elif cmd == "gather":
+                self._gather()
+            elif cmd == "save":
+                self.ckpt.save(meta["step"], self.state, meta["extras"])
+            elif cmd == "wait":
+                self.ckpt.wait()
+            elif cmd == "stop":
+                if meta.get("error"):
+                    raise RuntimeError(f"the leader (process 0) stopped the run: {meta['error']}")
+                return
+            else:
+                raise RuntimeError(f"unknown command from the leader: {cmd!r}")
+
+
+# ---- start-up handshake: the leader tells the followers what to build --------------------------------------
+
+
+def announce(channel: dist.Channel, exp: ExperimentConfig, *, base_dir: str, seq_len: int, pad_id: int,
+             resume: bool) -> None:
+    """Leader: what every follower needs to build the same TrainerCore (the resolved config, the base model
+    directory the params are loaded from, row length, pad id, resume)."""
+    import dataclasses
+
+    channel.send("start", {"exp": json.loads(json.dumps(dataclasses.asdict(exp), default=str)),
+                           "base_dir": str(base_dir), "seq_len": seq_len, "pad_id": pad_id, "resume": resume})
+
+
+def follow_leader(log=print) -> None:
+    """A follower's whole run: wait for the leader's start message, load the same base weights, build the core,
+    restore like the leader does, then run its commands until it stops."""
+    from scalerl_jax.config import from_dict
+    from scalerl_jax.models.hf_io import load_hf_checkpoint
+
+    channel = dist.Channel()
+    cmd, meta, _ = channel.recv()
+    if cmd == "stop":  # the leader failed before the trainer existed
+        if meta.get("error"):
+            raise RuntimeError(f"the leader (process 0) stopped the run: {meta['error']}")
+        return
+    if cmd != "start":
+        raise RuntimeError(f"expected the leader's start message, got {cmd!r}")
+    exp = from_dict(ExperimentConfig, meta["exp"])
+    params, _ = load_hf_checkpoint(meta["base_dir"], param_dtype=exp.model.param_dtype)
+    core = TrainerCore(exp, params, seq_len=meta["seq_len"], pad_id=meta["pad_id"], run_dir=exp.out_dir, log=log)
+    try:
+        if meta["resume"]:
+            core.restore()
+        log(f"[dist] process {jax.process_index()}: following the leader ({core.mesh.devices.size} devices in the "
+            "mesh)")
+        core.follow(channel)
+    finally:
+        core.close()

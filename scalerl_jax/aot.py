@@ -48,7 +48,10 @@ def _peek_devices(argv: list[str]) -> int:
 # the number is within 2% either way.) --cpu-no-licm turns the pass off to compare.
 NO_LICM_XLA_FLAGS = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
 
-if __name__ == "__main__":  # must happen before jax is imported
+# Under ``python -m scalerl_jax.launch`` (JAX_COORDINATOR_ADDRESS set) the devices are the launcher's processes'
+# devices (e.g. 4 processes x 4 = the 4 hosts x 4 GPUs of 16 GB200s): every process compiles the same program.
+_MULTI = "JAX_COORDINATOR_ADDRESS" in os.environ
+if __name__ == "__main__" and not _MULTI:  # must happen before jax is imported
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_peek_devices(sys.argv)}"
         + (" " + NO_LICM_XLA_FLAGS if "--cpu-no-licm" in sys.argv else "")
@@ -177,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-no-licm", action="store_true", help="turn off XLA's while-loop-invariant code motion "
                     "(to compare: the default compiles with every pass, as a launch does)")
     args = ap.parse_args(argv)
+    if _MULTI:
+        from scalerl_jax import distributed as dist
+
+        dist.initialize(dist.resolve())
     exp = None
     if args.config:
         try:
@@ -211,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(r)
         print(f"[aot] {n} devices: peak {r['peak_bytes'] / GiB:.2f} GiB/device, "
               f"compiled in {r['compile_s']:.1f}s", flush=True)
+    if jax.process_index() != 0:
+        return 0 if all(r["fits_gb200"] for r in reports) else 1
+    if jax.process_count() > 1:
+        print(f"[aot] compiled by {jax.process_count()} processes x {jax.local_device_count()} devices")
     print(format_table(reports))
     if args.json:
         with open(args.json, "w") as f:

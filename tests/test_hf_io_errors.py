@@ -4,10 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from scalerl_jax.config import ConfigError, MeshConfig
 from scalerl_jax.models import CheckpointError, init_params, load_hf_checkpoint, save_hf_checkpoint, tiny
-from scalerl_jax.models.hf_io import read_safetensors, write_safetensors
+from scalerl_jax.models.hf_io import write_safetensors
 from scalerl_jax.sharding import make_mesh
 
 
@@ -21,7 +22,7 @@ def ckpt(tmp_path):
 
 
 def test_missing_tensor_is_named(ckpt):
-    t = dict(read_safetensors(ckpt / "model.safetensors"))
+    t = dict(load_file(ckpt / "model.safetensors"))
     del t["model.layers.2.mlp.up_proj.weight"]
     write_safetensors({k: np.array(v) for k, v in t.items()}, ckpt / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"model\.layers\.2\.mlp\.up_proj\.weight.*missing.*\[512, 128\]"):
@@ -29,7 +30,7 @@ def test_missing_tensor_is_named(ckpt):
 
 
 def test_wrong_shape_names_expected_and_found(ckpt):
-    t = {k: np.array(v) for k, v in read_safetensors(ckpt / "model.safetensors").items()}
+    t = {k: np.array(v) for k, v in load_file(ckpt / "model.safetensors").items()}
     t["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 128), np.float32)
     write_safetensors(t, ckpt / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"k_proj\.weight.*shape \[32, 128\], expected \[64, 128\]"):
@@ -48,6 +49,27 @@ def test_truncated_file(ckpt):
     f = ckpt / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(CheckpointError, match="truncated"):
+        load_hf_checkpoint(ckpt)
+
+
+def test_safetensors_files_bf16_transposed_and_unsupported_dtype(ckpt, tmp_path_factory):
+    """write_safetensors keeps bfloat16, writes non-C-ordered arrays in logical order and the {"format": "pt"}
+    metadata transformers expects; a tensor of a dtype we do not read is named."""
+    import ml_dtypes
+    from safetensors import safe_open
+
+    tmp_path = tmp_path_factory.mktemp("files")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)
+    write_safetensors({"a": a, "t": a.T}, tmp_path / "x.safetensors")
+    with safe_open(tmp_path / "x.safetensors", framework="numpy") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert f.get_tensor("a").dtype == ml_dtypes.bfloat16 and np.array_equal(f.get_tensor("t"), a.T)
+    with pytest.raises(CheckpointError, match="cannot write tensor 'o' of dtype object"):
+        write_safetensors({"o": np.array([None])}, tmp_path / "y.safetensors")
+    t = load_file(ckpt / "model.safetensors")
+    t["model.norm.weight"] = t["model.norm.weight"].astype(np.int32)
+    save_file(t, ckpt / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.norm\.weight' has unsupported dtype 'I32'"):
         load_hf_checkpoint(ckpt)
 
 

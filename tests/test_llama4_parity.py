@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from scalerl_jax.models import forward, forward_cached, init_cache, lm_logits, load_hf_checkpoint, save_hf_checkpoint
-from scalerl_jax.models.hf_io import read_safetensors
 from scalerl_jax.models.llama4 import period
 from tests.hf_models import make_hf_llama4, torch_logits
 
@@ -81,8 +81,8 @@ def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
     assert cfg2 == cfg
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
-    src = read_safetensors(tmp_path / "src" / "model.safetensors")
-    out = read_safetensors(tmp_path / "out" / "model.safetensors")
+    src = load_file(tmp_path / "src" / "model.safetensors")
+    out = load_file(tmp_path / "out" / "model.safetensors")
     assert set(src) == set(out)
     for name in src:
         assert np.array_equal(src[name], out[name]), name

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from scalerl_jax.models import forward, load_hf_checkpoint, save_hf_checkpoint
-from scalerl_jax.models.hf_io import read_safetensors
 from tests.hf_models import make_hf_llama, torch_logits
 
 
@@ -46,7 +46,7 @@ def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
     # the HF tensors themselves are bitwise equal to the source checkpoint
-    src, out = read_safetensors(tmp_path / "src" / "model.safetensors"), read_safetensors(tmp_path / "out" / "model.safetensors")
+    src, out = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert set(src) == set(out)
     for name in src:
         assert np.array_equal(src[name], out[name]), name

@@ -31,8 +31,9 @@ def _max_rel(ga, gb) -> float:
                for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)))
 
 
-@pytest.mark.parametrize("make", [tiny, tiny_moe], ids=["llama", "llama4"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# the dense model in float32 (compared exactly with the plain pass too) and the MoE in bfloat16 (the Scout numerics);
+# the other two combinations add compile time, not coverage of remat_layer
+@pytest.mark.parametrize("make, dtype", [(tiny, "float32"), (tiny_moe, "bfloat16")], ids=["llama-f32", "llama4-bf16"])
 def test_remat_matches_jax_checkpoint_and_the_plain_backward_pass(make, dtype, monkeypatch):
     cfg = dataclasses.replace(make(), dtype=dtype, remat=False)
     params = init_params(cfg, jax.random.key(0), std=0.1)

@@ -1,22 +1,25 @@
 """HF ``LlamaForCausalLM`` (and, via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or sharded safetensors) <-> our params.
 
-The safetensors container is read and written here directly (header JSON + raw little-endian bytes,
-memory-mapped on read) so bfloat16 tensors need no torch; ``ml_dtypes`` gives NumPy its bfloat16.
-What we write loads in transformers and SGLang (tests check transformers).
+Files are read and written with the ``safetensors`` library (NumPy API; ``ml_dtypes`` gives NumPy its
+bfloat16, so no torch): on load each tensor is read only when its param is filled, then dropped, so peak
+memory is the params plus one tensor. What we write loads in transformers and SGLang (tests check
+transformers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import hf_llama4
@@ -34,55 +37,36 @@ _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 SUPPORTED_ARCHS = ("LlamaForCausalLM", *hf_llama4.ARCHS)
 
 
-# ---- safetensors container -------------------------------------------------------------------------
-
-
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of one .safetensors file as (memory-mapped) NumPy arrays."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
-    size = path.stat().st_size
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info.get("dtype") not in _DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        begin, end = info["data_offsets"]
-        dt = np.dtype(_DTYPES[info["dtype"]])
-        if 8 + n + end > size or (end - begin) != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
-            raise CheckpointError(f"{path}: tensor {name!r} is truncated or its offsets are inconsistent")
-        out[name] = mm[8 + n + begin : 8 + n + end].view(dt).reshape(info["shape"])
-    return out
+# ---- safetensors files -----------------------------------------------------------------------------
 
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
-    """Write tensors to one .safetensors file (atomically: a temp file renamed into place)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    arrays = []
+    """Write tensors to one .safetensors file with the ``{"format": "pt"}`` metadata transformers expects,
+    atomically (a temp file renamed into place)."""
+    arrays = {}
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        if a.dtype not in _NAMES:
+        if np.dtype(a.dtype) not in _NAMES:
             raise CheckpointError(f"cannot write tensor {name!r} of dtype {a.dtype}")
-        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-        arrays.append(a)
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
+        arrays[name] = np.ascontiguousarray(a)  # save_file writes the raw buffer: it must be C-ordered
     tmp = Path(str(path) + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for a in arrays:
-            f.write(a.tobytes())
+    try:
+        save_file(arrays, tmp, metadata={"format": "pt"})
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def _open_safetensors(path: Path, stack: contextlib.ExitStack):
+    """``safe_open`` handle of one file (closed with ``stack``). The pread backend reads a tensor's bytes
+    only when it is asked for, into a buffer of its own, and maps nothing, so reading a checkpoint tensor
+    by tensor never keeps the file set resident."""
+    try:
+        return stack.enter_context(safe_open(path, framework="numpy", backend="pread"))
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file: truncated or corrupt ({e})") from e
+    except OSError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
 
 
 # ---- config ----------------------------------------------------------------------------------------
@@ -185,7 +169,8 @@ def _hf_layer_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
-def _collect_tensors(path: Path) -> dict[str, tuple[np.ndarray, str]]:
+def _collect_tensors(path: Path, stack: contextlib.ExitStack) -> dict[str, tuple[Any, str, tuple[int, ...]]]:
+    """Tensor name -> (open handle of its file, file name, shape); no tensor data is read."""
     index = path / "model.safetensors.index.json"
     files: list[Path]
     if index.exists():
@@ -200,12 +185,16 @@ def _collect_tensors(path: Path) -> dict[str, tuple[np.ndarray, str]]:
         files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors files found")
-    out: dict[str, tuple[np.ndarray, str]] = {}
+    out: dict[str, tuple[Any, str, tuple[int, ...]]] = {}
     for f in files:
         if not f.exists():
             raise CheckpointError(f"{f}: listed in model.safetensors.index.json but missing")
-        for name, arr in read_safetensors(f).items():
-            out[name] = (arr, f.name)
+        handle = _open_safetensors(f, stack)
+        for name in handle.keys():
+            info = handle.get_slice(name)
+            if info.get_dtype() not in _DTYPES:
+                raise CheckpointError(f"{f}: tensor {name!r} has unsupported dtype {info.get_dtype()!r}")
+            out[name] = (handle, f.name, tuple(info.get_shape()))
     return out
 
 
@@ -225,18 +214,25 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from e
     cfg = config_from_hf(hf_cfg, str(cfg_file))
     cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
-    tensors = _collect_tensors(path)
-    np_dt = np.float32 if param_dtype == "float32" else ml_dtypes.bfloat16
+    with contextlib.ExitStack() as stack:
+        return _load_params(path, hf_cfg, cfg, _collect_tensors(path, stack)), cfg
+
+
+def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: dict) -> Params:
+    """Fill preallocated params tensor by tensor: each HF tensor is read when needed, converted into its
+    slot and dropped, so no more than one source tensor is alive at a time."""
+    np_dt = np.float32 if cfg.param_dtype == "float32" else ml_dtypes.bfloat16
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
             raise CheckpointError(f"{path}: tensor {name!r} is missing (expected shape {list(shape)})")
-        arr, fname = tensors[name]
-        if tuple(arr.shape) != tuple(shape):
-            raise CheckpointError(
-                f"{path}/{fname}: tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)}"
-            )
-        return arr
+        handle, fname, found = tensors[name]
+        if found != tuple(shape):
+            raise CheckpointError(f"{path}/{fname}: tensor {name!r} has shape {list(found)}, expected {list(shape)}")
+        try:
+            return handle.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path}/{fname}: tensor {name!r} is unreadable ({e})") from e
 
     shapes = param_shapes(cfg)
     prefix = hf_llama4.text_config(hf_cfg)[1] if cfg.arch == "llama4" else ""
@@ -250,20 +246,20 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
         params["lm_head"] = np.asarray(get(prefix + "lm_head.weight", (v, d)).T, np_dt)
     if cfg.arch == "llama4":
         params.update(hf_llama4.load_layers(get, cfg, shapes, np_dt, prefix, _from_hf_layout, _hf_layer_shape))
-        return params, cfg
+        return params
     for key, suffix in _LAYER_MAP:
         full = shapes["layers"][key]
         per = full[1:]
         stacked = np.empty(full, np_dt)
         for i in range(cfg.n_layers):
             w = get(f"model.layers.{i}.{suffix}", _hf_layer_shape(key, per))
-            stacked[i] = _from_hf_layout(key, np.asarray(w, np.float32), per).astype(np_dt)
+            stacked[i] = _from_hf_layout(key, np.asarray(w, np.float32), per)  # the assignment casts to np_dt
         params["layers"][key] = stacked
-    return params, cfg
+    return params
 
 
 def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """Our params -> HF tensor names and torch layouts (NumPy, ``dtype``)."""
+    """Our params -> HF tensor names and torch layouts (C-contiguous NumPy, ``dtype``)."""
     np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), params)
     sd = {"model.embed_tokens.weight": host["embed"].astype(np_dt)}
@@ -272,10 +268,10 @@ def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> d
     else:
         for i in range(cfg.n_layers):
             for key, suffix in _LAYER_MAP:
-                sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt)
+                sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt, order="C")
     sd["model.norm.weight"] = host["final_norm"].astype(np_dt)
     if not cfg.tie_embeddings:
-        sd["lm_head.weight"] = host["lm_head"].T.astype(np_dt)
+        sd["lm_head.weight"] = host["lm_head"].T.astype(np_dt, order="C")
     return sd
 
 

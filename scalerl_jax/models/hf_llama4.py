@@ -1,5 +1,6 @@
 """HF Llama-4 text checkpoints (``Llama4ForCausalLM``, or the text half of ``Llama4ForConditionalGeneration``)
-<-> our ``arch="llama4"`` params. The container, sharding and error handling are :mod:`hf_io`'s.
+<-> our ``arch="llama4"`` params. File I/O (the ``safetensors`` library), sharding and error handling are
+:mod:`hf_io`'s; ``load_layers`` fills preallocated arrays one lazily read HF tensor at a time.
 
 HF layout per layer ``i`` (prefix ``model.layers.{i}.``): the attention and norms as in Llama; a dense layer's
 ``feed_forward.{gate,up,down}_proj.weight``; an MoE layer's ``feed_forward.router.weight`` [E, D],
@@ -156,18 +157,18 @@ def layer_state_dict(host: dict, cfg: ModelConfig, np_dt, to_hf: Callable) -> di
     for i in range(cfg.n_layers):
         base = f"model.layers.{i}."
         for key, suffix in _ATTN:
-            sd[base + suffix] = to_hf(key, host["layers"][key][i]).astype(np_dt)
+            sd[base + suffix] = to_hf(key, host["layers"][key][i]).astype(np_dt, order="C")
         if cfg.is_moe_layer(i):
             m = host["moe"]
-            sd[base + "feed_forward.router.weight"] = m["router"][i_moe].T.astype(np_dt)
+            sd[base + "feed_forward.router.weight"] = m["router"][i_moe].T.astype(np_dt, order="C")
             sd[base + "feed_forward.experts.gate_up_proj"] = np.concatenate(
                 [m["w_gate"][i_moe], m["w_up"][i_moe]], axis=-1).astype(np_dt)
             sd[base + "feed_forward.experts.down_proj"] = m["w_down"][i_moe].astype(np_dt)
             for key, suffix in _SHARED:
-                sd[base + suffix] = m[key][i_moe].T.astype(np_dt)
+                sd[base + suffix] = m[key][i_moe].T.astype(np_dt, order="C")
             i_moe += 1
         else:
             for key, suffix in _DENSE:
-                sd[base + suffix] = host["dense"][key][i_dense].T.astype(np_dt)
+                sd[base + suffix] = host["dense"][key][i_dense].T.astype(np_dt, order="C")
             i_dense += 1
     return sd

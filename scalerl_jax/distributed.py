@@ -174,18 +174,10 @@ def _broadcast(arrays: dict[str, np.ndarray], *, source: bool) -> dict[str, np.n
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def local_rows(global_batch: dict[str, np.ndarray], shardings: dict[str, Any]) -> dict[str, Any]:
-    """The global arrays of a batch that every process holds in full: each process places only the rows its own
-    devices hold (``jax.make_array_from_callback`` asks for exactly those slices)."""
-    import jax
-
-    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
-            for k, v in global_batch.items()}
-
-
 def put_global(tree: Any, shardings: Any) -> Any:
-    """Host arrays (the same values on every process) onto global shardings: each process creates its own
-    shards only."""
+    """Host arrays (the same values on every process: a broadcast batch, the initial state) onto global
+    shardings: each process creates only the shards its own devices hold (``make_array_from_callback`` asks
+    for exactly those slices, e.g. the batch rows of this process)."""
     import jax
 
     return jax.tree.map(lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx: np.asarray(x)[idx]),

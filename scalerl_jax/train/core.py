@@ -60,10 +60,6 @@ class TrainerCore:
         else:
             self.state = jax.device_put(init, self.state_sh)
 
-    @property
-    def step_count(self) -> int:
-        return int(self.state.step)
-
     def _send(self, cmd: str, meta: dict[str, Any] | None = None, arrays: dict[str, np.ndarray] | None = None):
         if self.channel is not None:
             self.channel.send(cmd, meta, arrays)
@@ -88,7 +84,7 @@ class TrainerCore:
 
     def _step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         if self.multi:
-            placed = dist.local_rows(batch, self.batch_sh)
+            placed = dist.put_global(batch, self.batch_sh)
         else:
             placed = jax.device_put(batch, self.batch_sh)
         self.state, m = self.step_fn(self.state, placed)

@@ -30,10 +30,10 @@ def _check(cond: bool, msg: str) -> None:
 class RopeScaling:
     """Llama-3 style RoPE frequency scaling (HF ``rope_scaling`` with ``rope_type: llama3``)."""
 
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    factor: float = 8.0  # context extension factor
+    low_freq_factor: float = 1.0  # wavelengths above original_max / this are divided by factor
+    high_freq_factor: float = 4.0  # wavelengths below original_max / this are left unscaled
+    original_max_position_embeddings: int = 8192  # context length the model was pre-trained at
 
 
 @dataclass(frozen=True)
@@ -44,45 +44,46 @@ class ModelConfig:
     bf16-head leave-one-out ablation.
     """
 
-    vocab_size: int = 128256
-    d_model: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    head_dim: int = 128
-    ffn_dim: int = 14336
-    rope_theta: float = 500000.0
-    rope_scaling: RopeScaling | None = None
-    rms_eps: float = 1e-5
-    tie_embeddings: bool = False
-    max_seq_len: int = 16384
+    vocab_size: int = 128256  # tokens in the vocabulary (embedding and LM-head rows)
+    d_model: int = 4096  # residual stream width
+    n_layers: int = 32  # decoder layers
+    n_heads: int = 32  # query heads
+    n_kv_heads: int = 8  # key/value heads (grouped-query attention; divides n_heads)
+    head_dim: int = 128  # width of one attention head
+    ffn_dim: int = 14336  # SwiGLU hidden width of the dense MLP
+    rope_theta: float = 500000.0  # RoPE base frequency
+    rope_scaling: RopeScaling | None = None  # Llama-3 RoPE scaling; None: plain RoPE
+    rms_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = False  # the LM head reuses the embedding matrix
+    max_seq_len: int = 16384  # longest sequence (prompt + completion) the model serves
     dtype: DType = "bfloat16"  # activation / matmul compute dtype
     param_dtype: DType = "float32"  # storage dtype of the master weights
     head_dtype: DType = "float32"  # LM head; float32 is the ScaleRL fix
     remat: bool = True  # rematerialise each layer in the backward pass
     attn_chunk: int = 2048  # query-block size of the memory-bounded attention
-    bos_token_id: int | None = 128000
-    eos_token_id: int | None = 128001
-    pad_token_id: int | None = None
+    bos_token_id: int | None = 128000  # beginning-of-sequence token before each prompt (None: none)
+    eos_token_id: int | None = 128001  # ends a completion
+    pad_token_id: int | None = None  # padding token (None: the tokenizer has none)
     # ---- Llama-4 text architecture (arch="llama4"; HF Llama4ForCausalLM). Ignored for arch="llama". ----
-    arch: Literal["llama", "llama4"] = "llama"
+    arch: Literal["llama", "llama4"] = "llama"  # llama: dense Llama 1-3; llama4: Llama-4 text model (MoE)
     n_experts: int = 0  # routed experts per MoE layer (HF num_local_experts)
     top_k: int = 1  # experts per token (HF num_experts_per_tok); scores are sigmoid(router logit)
     expert_ffn_dim: int = 0  # routed and shared expert width (HF intermediate_size); dense layers use ffn_dim
     moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... are MoE (HF interleave_moe_layer_step)
     nope_every: int = 0  # every nope_every-th layer has no RoPE (HF no_rope_layer_interval); 0: RoPE everywhere
-    local_attn_chunk: int | None = None  # RoPE layers attend within chunks of this many positions (HF
-    #                                      attention_chunk_size); NoPE layers attend globally
+    #: RoPE layers attend within chunks of this many positions (HF attention_chunk_size); NoPE layers attend
+    #: globally
+    local_attn_chunk: int | None = None
     qk_norm: bool = False  # weightless RMS ("L2") norm of q and k after RoPE, RoPE layers only
     attn_temp_tuning: bool = False  # NoPE layers scale q by 1 + attn_scale * log1p(floor((pos + 1) / floor))
-    attn_floor_scale: int = 8192
-    attn_scale: float = 0.1
-    moe_impl: Literal["ragged", "dense"] = "ragged"  # ragged: sort + grouped matmul (expert-parallel under a
-    #                                                   mesh with an expert axis); dense: every expert on every
-    #                                                   token, the reference for tiny configs
-    moe_capacity_factor: float | None = None  # expert-parallel send buffer = factor * tokens * top_k / expert
-    #                                           shards per destination (overflow is dropped and counted); None:
-    #                                           dropless (buffers sized for the worst case)
+    attn_floor_scale: int = 8192  # the floor in attn_temp_tuning's formula
+    attn_scale: float = 0.1  # attn_scale in attn_temp_tuning's formula
+    #: ragged: sort + grouped matmul (expert-parallel under a mesh with an expert axis); dense: every expert on
+    #: every token, the reference for tiny configs
+    moe_impl: Literal["ragged", "dense"] = "ragged"
+    #: expert-parallel send buffer = factor * tokens * top_k / expert shards per destination (overflow is dropped
+    #: and counted); None: dropless (buffers sized for the worst case)
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
@@ -166,10 +167,10 @@ class ModelConfig:
 class MeshConfig:
     """Device mesh shape. The product of the axes must equal the number of devices used."""
 
-    data: int = 1
+    data: int = 1  # data parallelism (weights replicated across it)
     fsdp: int = -1  # -1: whatever is left of the device count
-    tensor: int = 1
-    expert: int = 1  # reserved for the MoE model
+    tensor: int = 1  # tensor (model) parallelism over heads and MLP width
+    expert: int = 1  # expert parallelism of the MoE layers (a data / FSDP axis for the rest)
 
     AXES = ("data", "fsdp", "tensor", "expert")
 
@@ -205,13 +206,13 @@ class MeshConfig:
 class LossConfig:
     """Policy loss and advantage settings (RECIPE.md section 2)."""
 
-    kind: Literal["cispo", "gspo", "dapo", "grpo"] = "cispo"
+    kind: Literal["cispo", "gspo", "dapo", "grpo"] = "cispo"  # policy loss (ScaleRL: CISPO)
     eps_max: float = 5.0  # CISPO: absolute cap on the token IS ratio
     eps_low: float = 0.2  # DAPO/GRPO lower clip; GSPO uses 3e-3 (see gspo preset)
     eps_high: float = 0.28  # DAPO upper clip (GRPO: 0.2; GSPO: 5e-3)
-    aggregation: Literal["prompt", "sample", "token"] = "prompt"
-    normalization: Literal["batch", "prompt", "none"] = "batch"
-    filter_zero_variance: bool = True
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"  # what the token losses are averaged over first
+    normalization: Literal["batch", "prompt", "none"] = "batch"  # advantage std: over the batch, per prompt, none
+    filter_zero_variance: bool = True  # drop prompt groups whose rewards are all equal (zero advantage)
 
     def __post_init__(self) -> None:
         _check(self.kind in ("cispo", "gspo", "dapo", "grpo"), f"LossConfig.kind: unknown {self.kind!r}")
@@ -236,30 +237,31 @@ def gspo_loss() -> LossConfig:
 class LengthConfig:
     """Length control (RECIPE.md section 4)."""
 
-    kind: Literal["interruption", "penalty", "none"] = "interruption"
-    think_budget_lo: int = 10240
-    think_budget_hi: int = 12288
-    answer_budget: int = 2048
-    think_end: str = "</think>"
+    kind: Literal["interruption", "penalty", "none"] = "interruption"  # interruption (ScaleRL) or DAPO penalty
+    think_budget_lo: int = 10240  # thinking budget ~ U[lo, hi] tokens per prompt
+    think_budget_hi: int = 12288  # upper end of the thinking budget
+    answer_budget: int = 2048  # tokens allowed after an interruption
+    think_end: str = "</think>"  # text that closes the thinking
+    #: appended when the thinking budget runs out (its tokens are masked out of the loss)
     interruption_text: str = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
-    penalty_max_len: int = 14336  # DAPO L_max
-    penalty_cache: int = 2048  # DAPO L_cache
+    penalty_max_len: int = 14336  # DAPO L_max (kind=penalty)
+    penalty_cache: int = 2048  # DAPO L_cache (kind=penalty)
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
     """Generation and the asynchronous schedule (RECIPE.md section 3)."""
 
-    mode: Literal["pipeline", "ppo_off_policy"] = "pipeline"
+    mode: Literal["pipeline", "ppo_off_policy"] = "pipeline"  # PipelineRL-k (ScaleRL) or PPO-off-policy-k
     k: int = 8  # max staleness (pipeline) / minibatches per round (ppo_off_policy)
-    prompts_per_batch: int = 48
-    group_size: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_prompt_len: int = 2048
-    max_new_tokens: int = 14336
+    prompts_per_batch: int = 48  # prompts per training batch
+    group_size: int = 16  # completions sampled per prompt
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling mass (1: off)
+    max_prompt_len: int = 2048  # longer prompts are dropped and counted, never truncated
+    max_new_tokens: int = 14336  # completion tokens at most (thinking + interruption + answer)
     decode_chunk: int = 8  # tokens decoded between possible weight swaps
-    length: LengthConfig = field(default_factory=LengthConfig)
+    length: LengthConfig = field(default_factory=LengthConfig)  # length control
     engine: Literal["embedded", "sglang"] = "embedded"  # sglang: SGLang-API servers (sglang_urls or local ones)
     sglang_urls: tuple[str, ...] = ()  # servers, or one sglang-router URL in front of them
     local_servers: int = 0  # > 0: the experiment starts this many `scalerl_jax.serve` processes + sglang-router
@@ -290,39 +292,39 @@ class RolloutConfig:
 class DataConfig:
     """Prompt source, validation split and the No-Positive-Resampling curriculum."""
 
-    source: Literal["arith", "jsonl"] = "jsonl"
-    path: str = ""
+    source: Literal["arith", "jsonl"] = "jsonl"  # arith: the synthetic task; jsonl: question/answer rows at path
+    path: str = ""  # the jsonl file (source=jsonl)
     template: str = DEFAULT_PROMPT_TEMPLATE  # prompt text of a jsonl row; "{question}" is replaced
     chat_template: bool = False  # wrap the templated question as a user message in the tokenizer's chat template
     question_key: str | None = None  # jsonl field names (None: auto-detect, see scalerl_jax.data.jsonl)
-    answer_key: str | None = None
+    answer_key: str | None = None  # (None: auto-detect)
     n_train: int | None = None  # cap on training prompts (None: all not held out)
-    val_size: int = 1000
-    seed: int = 0
-    npr: bool = True
-    npr_threshold: float = 0.9
-    skip_malformed: bool = False
+    val_size: int = 1000  # prompts held out for validation
+    seed: int = 0  # seed of the validation split and of the synthetic problems
+    npr: bool = True  # No-Positive-Resampling: retire prompts the policy solves
+    npr_threshold: float = 0.9  # pass rate at which NPR retires a prompt for good
+    skip_malformed: bool = False  # skip a malformed jsonl row instead of stopping at FILE:LINE
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimiser, schedule and run-length settings (8B defaults from RECIPE.md section 2)."""
 
-    lr: float = 5e-7
-    warmup_steps: int = 100
-    schedule: Literal["constant", "cosine"] = "constant"
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-15
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    steps: int = 1000
+    lr: float = 5e-7  # peak learning rate (AdamW)
+    warmup_steps: int = 100  # linear warm-up from 0
+    schedule: Literal["constant", "cosine"] = "constant"  # after the warm-up
+    adam_b1: float = 0.9  # Adam beta1
+    adam_b2: float = 0.999  # Adam beta2
+    adam_eps: float = 1e-15  # Adam epsilon
+    weight_decay: float = 0.01  # decoupled (AdamW) weight decay
+    grad_clip: float = 1.0  # global gradient-norm clip (0: off)
+    steps: int = 1000  # RL steps (trainer updates)
     microbatches: int = 1  # gradient accumulation
-    eval_every: int = 100
-    eval_samples: int = 16
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 3
-    seed: int = 0
+    eval_every: int = 100  # steps between validation evals
+    eval_samples: int = 16  # samples per validation prompt
+    checkpoint_every: int = 50  # steps between checkpoints
+    keep_checkpoints: int = 3  # checkpoints kept on disk
+    seed: int = 0  # seed of the warm start and of sampling
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
@@ -333,14 +335,14 @@ class TrainConfig:
 class ExperimentConfig:
     """Everything one run needs."""
 
-    name: str = "scalerl"
+    name: str = "scalerl"  # run name (logs, reports)
     model: ModelConfig = field(default_factory=ModelConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    out_dir: str = "runs/scalerl"
+    out_dir: str = "runs/scalerl"  # run directory (--out sets it)
 
 
 def from_dict(cls: type, data: dict[str, Any]):

@@ -1,17 +1,24 @@
-"""What every experiment shares: the plan dataclass, field overrides, the end-to-end run, the dry run and
-the run report."""
+"""What every experiment shares: the plan dataclass, the command line (tyro over the config dataclasses), the
+warm-start key, the dry run and the run report."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import textwrap
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
+
+import tyro
 
 from scalerl_jax.config import ConfigError, ExperimentConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,55 +42,86 @@ class ExperimentPlan:
     variant: str = "scalerl"
 
 
-# ---- command-line overrides onto dataclass fields ----------------------------------------------------------
+# ---- the command line: tyro over the frozen config dataclasses ---------------------------------------------
+
+#: tyro settings shared by every entry point: an optional nested config (``model.rope_scaling``) is set through its
+#: fields when the preset has one and stays None otherwise, instead of becoming a pair of subcommands
+TYRO_MARKERS = (tyro.conf.AvoidSubcommands,)
+#: a nested config whose fields are flags of their own: --train.lr, not --exp.train.lr
+Flattened = tyro.conf.arg(name="")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def _coerce(value: str, typ: Any, where: str) -> Any:
-    origin = typing.get_origin(typ)
-    if typ is bool or typ == "bool":
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{where}: expected a boolean, got {value!r}")
-    if origin is typing.Literal:
-        choices = typing.get_args(typ)
-        if value not in choices:
-            raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
-        return value
-    if origin is tuple:
-        return tuple(v for v in value.split(",") if v)
-    union = origin is typing.Union or origin is types.UnionType
-    if union and type(None) in typing.get_args(typ) and value.lower() == "none":
-        return None
-    for t in (int, float):
-        if typ is t or (union and t in typing.get_args(typ)):
-            try:
-                return t(value)
-            except ValueError:
-                raise ConfigError(f"{where}: expected {t.__name__}, got {value!r}") from None
-    return value
+def cli_error(prog: str, msg: str) -> NoReturn:
+    """Print ``prog: error: msg`` to stderr and exit with status 2 (argparse's convention for a bad command line)."""
+    print(f"{prog}: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
 
 
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply ``a.b.c=value`` overrides to nested frozen dataclasses, with type checks and clear errors."""
-    for ov in overrides:
+def _field_type(root: type, path: str, prog: str) -> Any:
+    """The annotated type of the dotted field ``path`` (``data.chat_template``) under the dataclass ``root``; a
+    missing field exits naming it and the fields that exist."""
+    typ: Any = root
+    for i, name in enumerate(path.split(".")):
+        cls = next((t for t in (typ, *typing.get_args(typ)) if dataclasses.is_dataclass(t)), None)
+        hints = typing.get_type_hints(cls) if cls is not None else {}
+        if name not in hints:
+            where = f"{cls.__name__} has no field {name!r} (fields: {', '.join(hints)})" if cls is not None else (
+                f"{'.'.join(path.split('.')[:i])} is not a config section")
+            cli_error(prog, f"--set {path}=...: {where}")
+        typ = hints[name]
+    return typ
+
+
+def expand_set(argv: list[str], root: type = ExperimentConfig, prog: str = "") -> list[str]:
+    """Rewrite every ``--set a.b=v`` (the stable alias) into tyro's flag for field ``a.b`` of ``root``: ``--a.b v``;
+    a boolean becomes ``--a.b`` or ``--a.no-b`` (from true/false, yes/no, on/off, 1/0), a tuple's comma-separated
+    items become separate values and ``none`` becomes None where the field allows it. tyro then checks the value."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a != "--set" and not a.startswith("--set="):
+            out.append(a)
+            continue
+        ov = a[len("--set="):] if a.startswith("--set=") else next(it, "")
         if "=" not in ov:
-            raise ConfigError(f"override {ov!r}: expected FIELD=VALUE, e.g. train.lr=2e-4")
+            cli_error(prog, f"--set {ov!r}: expected FIELD=VALUE, e.g. --set train.lr=2e-4")
         path, value = ov.split("=", 1)
-        keys = path.split(".")
+        typ = _field_type(root, path, prog)
+        options = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
+        if value.lower() == "none" and type(None) in options:
+            out += [f"--{path}", "None"]
+        elif bool in options:
+            if value.lower() not in _TRUE + _FALSE:
+                cli_error(prog, f"--set {path}={value}: {path} is a bool, give one of {', '.join(_TRUE + _FALSE)}")
+            head, _, last = path.rpartition(".")
+            out.append(f"--{path}" if value.lower() in _TRUE else f"--{head}{'.' if head else ''}no-{last}")
+        elif any(typing.get_origin(t) is tuple for t in options):
+            out += [f"--{path}", *(v for v in value.split(",") if v)]
+        else:
+            out += [f"--{path}", value]
+    return out
 
-        def set_in(obj: Any, keys: list[str], where: str) -> Any:
-            hints = typing.get_type_hints(type(obj))
-            if keys[0] not in hints:
-                raise ConfigError(f"override {ov!r}: {type(obj).__name__} has no field {keys[0]!r} "
-                                  f"(fields: {', '.join(f.name for f in dataclasses.fields(obj))})")
-            if len(keys) == 1:
-                return dataclasses.replace(obj, **{keys[0]: _coerce(value, hints[keys[0]], f"{where}{keys[0]}")})
-            return dataclasses.replace(obj, **{keys[0]: set_in(getattr(obj, keys[0]), keys[1:], f"{where}{keys[0]}.")})
 
-        cfg = set_in(cfg, keys, "")
-    return cfg
+def parse_cli(cls: type[T], default: T, argv: list[str], *, prog: str, description: str | None) -> T:
+    """Parse ``argv`` with tyro into ``cls`` (a frozen dataclass of flags with an ``exp: ExperimentConfig`` whose
+    fields are flags of their own), ``default`` supplying every default: the preset's config, so ``--help`` shows
+    it. ``--set FIELD=VALUE`` is an alias of the field's flag. A wrong type, a value outside a field's choices or an
+    unknown flag exits with status 2 and a message naming the flag and what it accepts."""
+    return tyro.cli(cls, default=default, args=expand_set(argv, prog=prog), prog=prog, description=description,
+                    config=TYRO_MARKERS)
+
+
+def preset_help(presets: dict[str, Callable], variants: dict, loo_variants: tuple[str, ...]) -> str:
+    """The presets (first line of each one's docstring) and variants, for an entry point's ``--help``."""
+    lines = ["Presets (--preset NAME; a preset decides every default below):"]
+    for name, fn in presets.items():
+        first = " ".join((fn.__doc__ or "").split("\n\n")[0].split())  # its first paragraph, on one line
+        lines.append(f"  {name:10s} {textwrap.shorten(first.split('. ')[0].rstrip('.') + '.', 105)}")
+    baselines = [v for v in variants if v not in (*loo_variants, "scalerl")]
+    lines += ["", (f"Variants (--variant NAME): scalerl (the recipe); leave-one-out swaps {', '.join(loo_variants)}; "
+              f"baselines {', '.join(baselines)}.")]
+    return "\n".join(lines)
 
 
 # ---- the end-to-end run ------------------------------------------------------------------------------------

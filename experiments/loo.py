@@ -20,17 +20,80 @@ RL time per variant and seed, plus one warm start per seed (see README / the iss
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from experiments.common import apply_overrides
+import tyro
+
+from experiments.common import Flattened, cli_error, parse_cli, preset_help
+from experiments.math_8b import VariantName, first_pass
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from experiments.run_path import run_experiment
-from scalerl_jax.config import ConfigError
+from scalerl_jax.config import ExperimentConfig
+
+ComputeKey = Literal["flops", "device_hours"]
+
+
+@dataclass(frozen=True)
+class LooArgs:
+    """The flags of a leave-one-out study; ``exp`` holds the config of each run (every field a flag), parsed once
+    per variant and seed with that run's config as the defaults."""
+
+    preset: Annotated[str, tyro.conf.arg(metavar="NAME")] = "tiny"
+    """size preset of every run (one of those listed above)"""
+    seeds: int = 1
+    """seeds per variant (0..N-1)"""
+    variants: Annotated[tuple[VariantName, ...], tyro.conf.arg(metavar="VARIANT [VARIANT ...]")] = (
+        "scalerl", *LOO_VARIANTS)
+    """runs to make and compare: ScaleRL and its leave-one-out swaps, or any of the variants"""
+    out: str | None = None
+    """output directory (default runs/loo_<preset>)"""
+    steps: int | None = None
+    """RL steps per run (overrides the preset)"""
+    compute_key: tuple[ComputeKey, ...] = ("flops", "device_hours")
+    """compute axes to compare on; the first goes to <out>/comparison, others to <out>/comparison_<key>. FLOPs (train
+    + generation) are counted, so they do not depend on how loaded the machine was; device-hours (wall time minus
+    evals) also credit PipelineRL's overlap of generation and training, but a busy machine inflates them"""
+    fit_until: float = 1.0
+    """fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing variants; 0.5: the
+    paper's half-compute protocol)"""
+    print_config: bool = False
+    """print every run's resolved configuration as JSON and exit"""
+    set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE"), tyro.conf.UseAppendAction] = ()
+    """alias of a field's flag (--set train.lr=1e-4 is --train.lr 1e-4); a field flag sets that field in every run
+    after its variant is applied, so setting the field a variant swaps undoes that variant"""
+    exp: Annotated[ExperimentConfig, Flattened] = dataclasses.field(default_factory=ExperimentConfig)
+
+
+def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tuple[LooArgs, dict[tuple[str, int], Any]]:
+    """Parse the command line once per (variant, seed) with that run's plan as the defaults: the study's flags and
+    each run's ExperimentPlan (field flags applied). Every run is checked here, before any of them starts."""
+    import argparse
+
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS])
+    ap.add_argument("--seeds", default="1")
+    preset, _, _ = first_pass(argv, PRESETS, prog)
+    first, _ = ap.parse_known_args(argv)
+    seeds = int(first.seeds) if first.seeds.isdigit() else 1
+    variants = [v for v in first.variants if v in VARIANTS] or ["scalerl"]
+    description = f"{__doc__}\n\n{preset_help(PRESETS, VARIANTS, LOO_VARIANTS)}"
+    args, plans = None, {}
+    for variant in variants:
+        for seed in range(max(seeds, 1)):
+            plan = build_plan(preset or "tiny", variant, seed=seed)
+            args = parse_cli(LooArgs, LooArgs(preset=preset or "tiny", exp=plan.exp), argv, prog=prog,
+                             description=description)
+            exp = args.exp
+            if args.steps:
+                exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
+            plans[variant, seed] = dataclasses.replace(plan, exp=exp)
+    return args, plans
 
 
 def _variant_seed(run_dir) -> tuple[str, str]:
@@ -141,32 +204,14 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.loo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per variant (0..N-1)")
-    ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS], choices=sorted(VARIANTS))
-    ap.add_argument("--out", default=None, help="output directory (default runs/loo_<preset>)")
-    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (overrides the preset)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a config field of every run after its variant is applied, e.g. train.lr=1e-4 "
-                         "(repeatable; an override of the field a variant swaps undoes that variant)")
-    ap.add_argument("--compute-key", nargs="+", default=["flops", "device_hours"],
-                    choices=["flops", "device_hours"],
-                    help="compute axes to compare on; the first goes to <out>/comparison, others to "
-                         "<out>/comparison_<key>. FLOPs (train + generation) are counted, so they do not depend on "
-                         "how loaded the machine was; device-hours (wall time minus evals) also credit PipelineRL's "
-                         "overlap of generation and training, but a busy machine inflates them")
-    ap.add_argument("--fit-until", type=float, default=1.0,
-                    help="fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing "
-                         "variants; 0.5: the paper's half-compute protocol)")
-    args = ap.parse_args(argv)
+    """The command line (``--help``); returns the exit status."""
+    args, plans = parse_runs(list(sys.argv[1:] if argv is None else argv))
     if not 0 < args.fit_until <= 1:
-        ap.error(f"--fit-until is a fraction of each run's compute in (0, 1], got {args.fit_until}")
-    try:  # a bad override fails here, before any run starts
-        apply_overrides(build_plan(args.preset, args.variants[0]).exp, args.overrides)
-    except ConfigError as e:
-        ap.error(str(e))
+        cli_error("python -m experiments.loo", f"--fit-until is a fraction of each run's compute in (0, 1], got "
+                  f"{args.fit_until}")
+    if args.print_config:
+        print(json.dumps({f"{v}_s{s}": dataclasses.asdict(p.exp) for (v, s), p in plans.items()}, indent=2))
+        return 0
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
     run_dirs = []
@@ -178,12 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / "summary.json").exists():
                 print(f"[loo] {run_dir.name}: finished earlier, skipping")
                 continue
-            plan = build_plan(args.preset, variant, seed=seed)
-            exp = plan.exp
-            if args.steps:
-                exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
-            exp = apply_overrides(exp, args.overrides)
-            plan = dataclasses.replace(plan, exp=dataclasses.replace(exp, out_dir=str(run_dir)))
+            plan = plans[variant, seed]
+            plan = dataclasses.replace(plan, exp=dataclasses.replace(plan.exp, out_dir=str(run_dir)))
             print(f"[loo] running {run_dir.name} ({time.time() - t0:.0f}s elapsed)", flush=True)
             # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)
             run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False,

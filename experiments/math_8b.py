@@ -9,7 +9,8 @@ Launch::
     python -m experiments.math_8b --preset 8b --dry-run                    # validate + AOT-compile the 8B step
     python -m experiments.math_8b --preset 8b --model /ckpt/llama3.1-8b --data polaris.jsonl \\
         --sglang-urls http://gen0:30000 http://gen1:30000               # on accelerators
-    python -m experiments.math_8b --preset tiny --set train.lr=2e-4 --set rollout.k=4  # field overrides
+    python -m experiments.math_8b --preset tiny --train.lr 2e-4 --rollout.k 4           # any config field
+    python -m experiments.math_8b --preset tiny --set train.lr=2e-4 --set data.npr=false  # the same, as --set
     python -m scalerl_jax.launch --processes 2 --cpu-devices 2 -- experiments.math_8b --preset smoke  # 2 processes
 
 Several trainer processes (one global mesh, process 0 generating, scoring and writing; BUILD.md "Multi-host"):
@@ -26,97 +27,151 @@ is fitted on the first half of the run's compute and compared with what the seco
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from experiments.common import ExperimentPlan, apply_overrides
-from experiments.presets import PRESETS, VARIANTS, build_plan
+import tyro
+
+from experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
+from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from scalerl_jax.config import ConfigError, ExperimentConfig
+
+VariantName = Literal[tuple(VARIANTS)]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The flags of a run; ``exp`` holds the preset's config, every field of it a flag (``--train.lr 2e-4``)."""
+
+    preset: Annotated[str | None, tyro.conf.arg(metavar="NAME")] = None
+    """size preset (one of those listed above), read before everything else: it decides every default below (none
+    given: the CPU preset, or the real one when accelerators are present)"""
+    variant: VariantName = "scalerl"
+    """leave-one-out variant of ScaleRL (one component swapped for its alternative) or a baseline recipe"""
+    out: str | None = None
+    """run directory; the same as --out-dir, whose default is runs/<preset>[_<variant>]_s<seed>"""
+    seed: int = 0
+    """seed of the run: train.seed and data.seed of the preset"""
+    steps: int | None = None
+    """RL steps (overrides the preset's train.steps)"""
+    resume: bool = False
+    """continue from the run directory's latest valid checkpoint"""
+    dry_run: bool = False
+    """validate the configuration and AOT-compile the train step on an abstract mesh (no accelerator, no weights),
+    printing per-device memory"""
+    model: str | None = None
+    """HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its tokenizer.json): replaces
+    the preset's own base model (no warm start); the architecture comes from its config.json, the recipe from the
+    preset"""
+    data: str | None = None
+    """jsonl training data, one question/answer row per line (GSM8K, MATH-500 and Polaris field layouts are
+    detected); data.val_size rows are held out for validation; see also --data.template and --data.chat-template"""
+    sglang_urls: Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="URL [URL ...]")] = None
+    """generate with these SGLang servers (or one sglang-router URL in front of them) instead of the embedded engine;
+    weights are pushed to them as HF checkpoints after every update"""
+    generators: Annotated[int | None, tyro.conf.arg(metavar="N")] = None
+    """start N local SGLang-API servers (python -m scalerl_jax.serve) behind a real sglang-router for this run and
+    stop them at exit; 0: the embedded in-process engine"""
+    fit: bool = True
+    """fit the scaling law and write the report at the end (--no-fit skips both)"""
+    print_config: bool = False
+    """print the resolved configuration as JSON and exit"""
+    set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE"), tyro.conf.UseAppendAction] = ()
+    """alias of a field's flag: --set train.lr=2e-4 is --train.lr 2e-4, --set data.npr=false is --data.no-npr"""
+    coordinator: Annotated[str | None, tyro.conf.arg(metavar="HOST:PORT")] = None
+    """multi-process run: process 0's address for jax.distributed (with --num-processes and --process-id; default:
+    JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM's variables inside srun)"""
+    num_processes: Annotated[int | None, tyro.conf.arg(metavar="P")] = None
+    """multi-process run: processes"""
+    process_id: Annotated[int | None, tyro.conf.arg(metavar="I")] = None
+    """multi-process run: this one's rank"""
+    dist_timeout: Annotated[int, tyro.conf.arg(metavar="S")] = 300
+    """multi-process run: seconds to wait for every process at start-up; a process that stops sending heartbeats
+    for a fifth of this (at least 10 s) takes the others down"""
+    exp: Annotated[ExperimentConfig, Flattened] = dataclasses.field(default_factory=ExperimentConfig)
+
+
+def first_pass(argv: list[str], presets: dict, prog: str) -> tuple[str | None, str, int]:
+    """--preset, --variant and --seed, read before the rest: together they decide every other default. A preset that
+    does not exist exits naming the ones that do; a bad variant or seed falls back to the default here and tyro's
+    full parse then reports it with the allowed values."""
+    import argparse
+
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--preset", "--variant", "--seed"):
+        ap.add_argument(flag)
+    known, _ = ap.parse_known_args(argv)
+    if known.preset is not None and known.preset not in presets:
+        cli_error(prog, f"--preset {known.preset!r}: choose one of {', '.join(presets)}")
+    seed = int(known.seed) if known.seed and known.seed.lstrip("-").isdigit() else 0
+    return known.preset, known.variant if known.variant in VARIANTS else "scalerl", seed
+
+
+def parse_run_args(argv: list[str], preset: str, variant: str, seed: int, *, presets: dict, prog: str,
+                   doc: str | None) -> tuple[RunArgs, ExperimentPlan]:
+    """Parse the command line with ``preset``'s plan (its ``variant``, ``seed``) as every default."""
+    plan: ExperimentPlan = build_plan(preset, variant, seed=seed)
+    out = f"runs/{preset}{'' if variant == 'scalerl' else '_' + variant}_s{seed}"
+    default = RunArgs(preset=preset, variant=variant, seed=seed, exp=dataclasses.replace(plan.exp, out_dir=out))
+    description = (f"{doc or __doc__}\n\n{preset_help(presets, VARIANTS, LOO_VARIANTS)}\n\nDefaults below: --preset "
+                   f"{preset} --variant {variant} --seed {seed}. Every config field is a flag (--train.lr 2e-4); "
+                   "--set train.lr=2e-4 is the same.")
+    return parse_cli(RunArgs, default, argv, prog=prog, description=description), plan
+
+
+def _on_accelerators() -> bool:
+    import jax
+
+    return any(d.platform != "cpu" for d in jax.devices())
 
 
 def main(argv: list[str] | None = None, *, presets: dict | None = None, real_preset: str = "8b",
          cpu_preset: str = "tiny", prog: str = "python -m experiments.math_8b", doc: str | None = None) -> int:
+    """The command line (``--help``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     presets = PRESETS if presets is None else presets
-    ap = argparse.ArgumentParser(prog=prog, description=doc or __doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default=None, choices=sorted(presets),
-                    help=f"{cpu_preset} (CPU default), a CI-sized smoke preset, or {real_preset} (real; the default "
-                         "when accelerators are present); for another paper recipe use --variant")
-    ap.add_argument("--variant", default="scalerl", choices=sorted(VARIANTS),
-                    help="leave-one-out variant of ScaleRL (one component swapped for its alternative) or a "
-                         "baseline recipe: deepseek_grpo, qwen25_dapo, magistral, minimax")
-    ap.add_argument("--out", default=None, help="run directory (default runs/<preset>[_<variant>]_s<seed>)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="RL steps (overrides the preset)")
-    ap.add_argument("--resume", action="store_true", help="continue from the run directory's latest valid checkpoint")
-    ap.add_argument("--dry-run", action="store_true", help="validate the configuration and AOT-compile the train "
-                    "step on an abstract mesh (no accelerator, no weights), printing per-device memory")
-    ap.add_argument("--model", default=None,
-                    help="HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its "
-                         "tokenizer.json): replaces the preset's own base model (no warm start); the architecture "
-                         "comes from its config.json, the recipe from the preset")
-    ap.add_argument("--data", default=None,
-                    help="jsonl training data, one question/answer row per line (GSM8K, MATH-500 and Polaris field "
-                         "layouts are detected); data.val_size rows are held out for validation; see also "
-                         "--set data.template=... and --set data.chat_template=true")
-    ap.add_argument("--sglang-urls", nargs="+", default=None, metavar="URL",
-                    help="generate with these SGLang servers (or one sglang-router URL in front of them) instead of "
-                         "the embedded engine; weights are pushed to them as HF checkpoints after every update")
-    ap.add_argument("--generators", type=int, default=None, metavar="N",
-                    help="start N local SGLang-API servers (python -m scalerl_jax.serve) behind a real "
-                         "sglang-router for this run and stop them at exit; 0: the embedded in-process engine")
-    ap.add_argument("--no-fit", action="store_true", help="skip the scaling fit and report at the end")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a config field, e.g. train.lr=2e-4, rollout.k=4, loss.kind=dapo (repeatable)")
-    ap.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-    ap.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                    help="multi-process run: process 0's address for jax.distributed (with --num-processes and "
-                         "--process-id; default: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or "
-                         "SLURM's variables inside srun)")
-    ap.add_argument("--num-processes", type=int, default=None, metavar="P", help="multi-process run: processes")
-    ap.add_argument("--process-id", type=int, default=None, metavar="I", help="multi-process run: this one's rank")
-    ap.add_argument("--dist-timeout", type=int, default=300, metavar="S",
-                    help="multi-process run: seconds to wait for every process at start-up; a process that stops "
-                         "sending heartbeats for a fifth of this (at least 10 s) takes the others down")
-    args = ap.parse_args(argv)
+    preset, variant, seed = first_pass(argv, presets, prog)
+    # without --preset the default is the real preset on accelerators, known only once JAX has started (after
+    # jax.distributed's start-up): the command is checked against the CPU preset's defaults first, then parsed again
+    args, plan = parse_run_args(argv, preset or cpu_preset, variant, seed, presets=presets, prog=prog, doc=doc)
     from scalerl_jax import distributed as dist
-    from scalerl_jax.config import ConfigError
 
-    try:
-        dcfg = dist.resolve(args.coordinator, args.num_processes, args.process_id, init_timeout_s=args.dist_timeout,
-                            heartbeat_timeout_s=max(10, args.dist_timeout // 5))
-    except ConfigError as e:
-        ap.error(str(e))
-    dist.initialize(dcfg)  # before any other JAX call
-
-    preset = args.preset
+    if not args.print_config:
+        try:
+            dcfg = dist.resolve(args.coordinator, args.num_processes, args.process_id,
+                                init_timeout_s=args.dist_timeout, heartbeat_timeout_s=max(10, args.dist_timeout // 5))
+        except ConfigError as e:
+            cli_error(prog, str(e))
+        dist.initialize(dcfg)  # before any other JAX call
     if preset is None:
-        import jax
-
-        preset = real_preset if any(d.platform != "cpu" for d in jax.devices()) else cpu_preset
-    plan: ExperimentPlan = build_plan(preset, args.variant, seed=args.seed)
-    exp = plan.exp
-    if args.steps is not None:
-        exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
-    if args.data:
-        exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
+        preset = real_preset if _on_accelerators() else cpu_preset
+        if preset != cpu_preset:
+            args, plan = parse_run_args(argv, preset, variant, seed, presets=presets, prog=prog, doc=doc)
+    exp = args.exp
     if args.sglang_urls and args.generators is not None:
-        ap.error("give --sglang-urls (an existing fleet) or --generators N (start one), not both")
-    if args.sglang_urls:
-        exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine="sglang", local_servers=0,
-                                                                   sglang_urls=tuple(args.sglang_urls)))
-    if args.generators is not None:
-        if args.generators < 0:
-            ap.error(f"--generators must be >= 0, got {args.generators}")
-        engine = "sglang" if args.generators else "embedded"
-        exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine=engine, sglang_urls=(),
-                                                                   local_servers=args.generators))
-    exp = apply_overrides(exp, args.overrides)
-    out = args.out or f"runs/{preset}{'' if args.variant == 'scalerl' else '_' + args.variant}_s{args.seed}"
+        cli_error(prog, "give --sglang-urls (an existing fleet) or --generators N (start one), not both")
+    if args.generators is not None and args.generators < 0:
+        cli_error(prog, f"--generators must be >= 0, got {args.generators}")
+    try:
+        if args.steps is not None:
+            exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
+        if args.data:
+            exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
+        if args.sglang_urls:
+            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
+                exp.rollout, engine="sglang", local_servers=0, sglang_urls=tuple(args.sglang_urls)))
+        if args.generators is not None:
+            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
+                exp.rollout, engine="sglang" if args.generators else "embedded", sglang_urls=(),
+                local_servers=args.generators))
+    except ConfigError as e:
+        cli_error(prog, str(e))
+    out = args.out or exp.out_dir
     exp = dataclasses.replace(exp, out_dir=out)
     plan = dataclasses.replace(plan, exp=exp, base_model=args.model or plan.base_model)
     if args.print_config:
@@ -126,7 +181,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
         from experiments.common import dry_run
 
         return dry_run(plan)
-    if plan.real and not any(d.platform != "cpu" for d in __import__("jax").devices()):
+    if plan.real and not _on_accelerators():
         print(f"[{prog.split('.')[-1]}] preset {preset!r} is the real {plan.exp.model.n_layers}-layer recipe and "
               f"needs accelerators; none are present. Run `{prog} --preset {cpu_preset}` on CPU, or "
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
@@ -135,7 +190,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
 
     t0 = time.time()
     try:
-        summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=not args.no_fit)
+        summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=args.fit)
     except ConfigError as e:
         print(f"[{prog.split('.')[-1]}] error: {e}", file=sys.stderr)
         return 2

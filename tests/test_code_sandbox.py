@@ -1,0 +1,262 @@
+"""The code sandbox against hostile programs, under bubblewrap and under the rlimits fallback.
+
+Every check is against a fact outside the code under test: a file that must not exist, a socket that must receive
+no connection, processes that must still be alive or must be gone (found in /proc by a name the program gives
+itself), a secret that must not come back, a wall-clock bound measured here.
+"""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from scalerl_jax.rewards.code import HEAD_BYTES, SandboxConfig
+from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+from scalerl_jax.rewards.sandbox import Sandbox, SandboxError
+
+TIMEOUT_S = 2.0
+MAX_PROCS = 8
+ROOT = os.geteuid() == 0
+# Under the rlimits fallback a non-root trainer shares its uid with the program: its files, processes and the
+# network are reachable (documented in scalerl_jax/rewards/sandbox.py). As root each run gets a fresh uid.
+UID_ISOLATED = {"bwrap": True, "rlimits": ROOT}
+
+
+@pytest.fixture(scope="module", params=["bwrap", "rlimits"])
+def sandbox(request):
+    cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=TIMEOUT_S, memory_mb=512, max_procs=MAX_PROCS,
+                        max_output_bytes=1 << 16, isolation=request.param)
+    try:
+        return Sandbox(cfg)
+    except SandboxError as e:
+        if request.param == "bwrap":
+            pytest.skip(f"bubblewrap cannot start on this machine: {e}")
+        raise
+
+
+def _named(marker: str) -> list[int]:
+    """Pids of live processes whose name (comm) is ``marker``."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if f.read().strip() == marker:
+                    with open(f"/proc/{d}/stat") as g:
+                        if g.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _gone(marker: str, within_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _named(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _name_self(marker: str) -> str:
+    """Program text that renames the running process (and so every child it forks) to ``marker``."""
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"
+
+
+def _timed(sb: Sandbox, program: str, tests: str = "pass\n", entry_point=None):
+    t0 = time.monotonic()
+    r = sb.run(program, tests, entry_point)
+    return r, time.monotonic() - t0
+
+
+def test_correct_passes_and_wrong_fails_with_the_assert_message(sandbox):
+    prog = "def add(a, b):\n    return a + b\n"
+    tests = "assert add(2, 3) == 5, 'add(2, 3) should be 5'\nassert add(-1, 1) == 0\n"
+    r = sandbox.run(prog, tests)
+    assert (r.passed, r.reason, r.isolation) == (True, "passed", sandbox.isolation)
+    r = sandbox.run("def add(a, b):\n    return a - b\n", tests)
+    assert (r.passed, r.reason) == (False, "failed")
+    assert "add(2, 3) should be 5" in r.detail and "tests.py line 1" in r.detail
+    r = sandbox.run(prog, "def check(candidate):\n    assert candidate(1, 1) == 3\n", "add")
+    assert (r.passed, r.reason) == (False, "failed") and "assert candidate(1, 1) == 3" in r.detail
+
+
+def test_infinite_loop_is_killed_on_time_and_leaves_nothing(sandbox):
+    marker = f"loop{secrets.token_hex(4)}"
+    r, dt = _timed(sandbox, _name_self(marker) + "while True:\n    pass\n")
+    assert (r.passed, r.reason) == (False, "timeout")
+    assert dt < TIMEOUT_S + 3.0
+    assert _gone(marker)
+
+
+def test_fork_bomb_is_bounded_by_the_process_limit_and_killed(sandbox):
+    marker = f"bomb{secrets.token_hex(4)}"
+    prog = _name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], len(_named(marker)))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        r, dt = _timed(sandbox, prog)
+    finally:
+        done.set()
+        t.join()
+    assert not r.passed and r.reason in ("timeout", "crash"), r
+    assert dt < TIMEOUT_S + 3.0
+    assert 1 <= peak[0] <= MAX_PROCS + 2, f"{peak[0]} processes named {marker} at once"
+    assert _gone(marker)
+
+
+def test_allocating_8gb_fails_as_memory(sandbox):
+    r, dt = _timed(sandbox, "x = bytearray(8 * 1024 ** 3)\nx[-1] = 1\n")
+    assert (r.passed, r.reason) == (False, "memory"), r
+    assert dt < TIMEOUT_S + 3.0
+
+
+def test_writing_outside_the_scratch_dir_leaves_no_file(sandbox, tmp_path):
+    if not UID_ISOLATED[sandbox.isolation]:
+        pytest.skip("the rlimits fallback under a non-root trainer shares the trainer's file permissions")
+    target = tmp_path / "escaped.txt"
+    r = sandbox.run(f"open({str(target)!r}, 'w').write('escaped')\n", "pass\n")
+    assert not r.passed and r.reason == "failed" and ("FileNotFoundError" in r.detail or "Permission" in r.detail)
+    assert not target.exists()
+    if sandbox.isolation == "bwrap":  # the sandbox's /tmp is its own tmpfs: a write there never reaches the host
+        host_tmp = f"/tmp/scalerl_escape_{secrets.token_hex(6)}"
+        r = sandbox.run(f"open({host_tmp!r}, 'w').write('escaped')\nimport os\nassert not os.path.exists('/work')\n",
+                        "assert False, 'not a solution'\n")
+        assert not r.passed and "not a solution" in r.detail
+        assert not os.path.exists(host_tmp)
+
+
+def test_no_connection_reaches_a_listening_socket(sandbox):
+    if sandbox.isolation != "bwrap":
+        pytest.skip("the rlimits fallback has no network namespace (documented)")
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        prog = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                "s.sendall(b'hello')\n")
+        r = sandbox.run(prog, "pass\n")
+        assert not r.passed and r.reason == "failed", r
+        srv.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            srv.accept()
+
+
+def test_a_secret_outside_the_sandbox_does_not_come_back(sandbox, tmp_path):
+    if not UID_ISOLATED[sandbox.isolation]:
+        pytest.skip("the rlimits fallback under a non-root trainer shares the trainer's file permissions")
+    secret = secrets.token_hex(16)
+    path = tmp_path / "secret.txt"
+    path.write_text(secret)
+    r = sandbox.run(f"data = open({str(path)!r}).read()\nprint(data)\nraise ValueError(data)\n", "pass\n")
+    assert not r.passed
+    assert secret not in r.stdout + r.stderr + r.detail
+
+
+def test_killing_the_parent_harms_nobody_outside(sandbox):
+    if not UID_ISOLATED[sandbox.isolation]:
+        pytest.skip("the rlimits fallback under a non-root trainer shares the trainer's uid")
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        prog = ("import os, signal\n"
+                f"for pid in (os.getppid(), {os.getpid()}, {helper.pid}, 1, -1):\n"
+                "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(pid, e)\n")
+        r, dt = _timed(sandbox, prog, "assert solve() == 1\n")
+        assert not r.passed and r.reason in ("failed", "crash"), r
+        assert dt < TIMEOUT_S + 3.0
+        time.sleep(0.2)
+        assert helper.poll() is None, "a process outside the sandbox was killed"
+    finally:
+        helper.kill()
+        helper.wait()
+    # the trainer (this process) is alive by construction; one more run proves the sandbox still works
+    assert sandbox.run("x = 1\n", "assert x == 1\n").passed
+
+
+def test_100mb_on_stdout_is_cut_off(sandbox):
+    r, dt = _timed(sandbox, "import sys\nsys.stdout.write('x' * (100 << 20))\nsys.stdout.flush()\n")
+    assert (r.passed, r.reason) == (False, "output_limit"), r
+    assert dt < TIMEOUT_S + 3.0
+    assert len(r.stdout) <= HEAD_BYTES
+
+
+FAKE = ('import os, sys\n'
+        'line = b\'{"passed": true, "reason": "passed", "seconds": 0.0}\\npassed\\n\'\n'
+        'os.write(1, line); os.write(2, line)\n'
+        'for fd in range(3, 64):\n'
+        '    try:\n        os.write(fd, b"0" * 32 + b"\\tpassed\\t\\n" + line)\n    except OSError:\n        pass\n')
+
+
+@pytest.mark.parametrize("ending", ["os.close(1); os.close(2); os._exit(0)",
+                                    "null = os.open('/dev/null', os.O_WRONLY); os.dup2(null, 1); print('passed')",
+                                    "sys.exit(0)"])
+def test_fake_passed_lines_and_early_exits_do_not_pass(sandbox, ending):
+    r = sandbox.run(FAKE + ending + "\n", "assert False, 'the tests ran and failed'\n")
+    assert not r.passed and r.reason in ("failed", "crash"), r
+
+
+def test_cli_prints_one_json_object(tmp_path, capsys):
+    from scalerl_jax.rewards.code import main
+
+    prog, tests = tmp_path / "p.py", tmp_path / "t.py"
+    prog.write_text(FAKE + "os.close(1); os._exit(0)\n")
+    tests.write_text("assert False\n")
+    cmd = [sys.executable, "-m", "scalerl_jax.rewards.code", "--program", str(prog), "--tests", str(tests),
+           "--timeout", "5"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # exactly one JSON document: the program's fake lines never reach this stdout
+    assert (out["passed"], out["reason"]) == (False, "crash") and out["isolation"] in ("bwrap", "rlimits")
+    # the same entry point in process (the module import alone takes seconds on a loaded CPU)
+    prog.write_text("def f():\n    return 7\n")
+    tests.write_text("def check(candidate):\n    assert candidate() == 7\n")
+    assert main(["--program", str(prog), "--tests", str(tests), "--entry-point", "f"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True
+    for bad in (["--program", str(prog)], ["--program", str(tmp_path / "missing.py"), "--tests", str(tests)],
+                ["--program", str(prog), "--tests", str(tests), "--timeout", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 2
+
+
+def test_pool_64_programs_with_a_quarter_looping_finish_in_bounded_time():
+    cfg = SandboxConfig(timeout_s=1.5, cpu_s=1.5, workers=8, isolation="auto")
+    marker = f"pool{secrets.token_hex(4)}"
+    loop = _name_self(marker) + "while True:\n    pass\n"
+    jobs = [CodeJob(loop if k % 4 == 0 else f"def f():\n    return {k}\n", "pass\n" if k % 4 == 0 else
+                    f"assert f() == {k}\n") for k in range(64)]
+    with CodePool(cfg) as pool:
+        t0 = time.monotonic()
+        results = pool.map(jobs)
+        dt = time.monotonic() - t0
+    assert len(results) == 64
+    assert [r.reason for r in results] == ["timeout" if k % 4 == 0 else "passed" for k in range(64)]
+    # 16 loops on 8 workers take 2 rounds of 1.5 s; the 48 short runs share the rest (2 shared cores here)
+    assert dt < 2 * (1.5 + 1.0) + 48 * 0.5 / 2, dt
+    assert _gone(marker)
+
+
+def test_auto_falls_back_loudly_and_says_so(monkeypatch, caplog):
+    import scalerl_jax.rewards.sandbox as sb
+
+    monkeypatch.setattr(sb, "find_bwrap", lambda: "/bin/false")  # a "bwrap" that cannot start anything
+    with caplog.at_level("WARNING"):
+        s = Sandbox(SandboxConfig(isolation="auto"))
+    assert s.isolation == "rlimits"
+    assert any("CODE SANDBOX DEGRADED" in rec.message for rec in caplog.records)
+    assert s.run("x = 1\n", "assert x == 1\n").isolation == "rlimits"
+    with pytest.raises(SandboxError):
+        Sandbox(SandboxConfig(isolation="bwrap"))

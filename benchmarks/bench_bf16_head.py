@@ -42,7 +42,7 @@ import numpy as np
 def _random_params(cfg, seed: int, std: float | None):
     import jax
 
-    from scalerl_jax.models.llama import init_params
+    from scalerl_jax.models import init_params
 
     return init_params(cfg, jax.random.key(seed), std=std if std is not None else 1.0 / math.sqrt(cfg.d_model))
 
@@ -73,7 +73,7 @@ def _trainer_logprobs(cfg, params, rows, head: str):
     import jax.numpy as jnp
 
     from scalerl_jax.losses.logprobs import token_logprobs
-    from scalerl_jax.models.llama import forward_hidden, head_weight
+    from scalerl_jax.models import forward_hidden, head_weight
 
     L = max(len(p) + len(c) for p, c, _ in rows)
     pad = cfg.pad_token_id or 0

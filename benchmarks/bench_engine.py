@@ -19,7 +19,7 @@ import numpy as np
 
 from scalerl_jax.models import presets
 from scalerl_jax.models.hf_io import save_hf_checkpoint
-from scalerl_jax.models.llama import init_params
+from scalerl_jax.models import init_params
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 

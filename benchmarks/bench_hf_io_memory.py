@@ -88,7 +88,7 @@ def measure(cfg, dtype: str, shard_bytes: int, workdir: str | Path, seed: int = 
     import ml_dtypes
 
     from scalerl_jax.models.hf_io import save_hf_checkpoint
-    from scalerl_jax.models.llama import param_shapes
+    from scalerl_jax.models import param_shapes
 
     cfg = dataclasses.replace(cfg, param_dtype=dtype)
     np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16

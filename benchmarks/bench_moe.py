@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 
 from scalerl_jax import sharding as shd  # noqa: E402
 from scalerl_jax.config import MeshConfig  # noqa: E402
-from scalerl_jax.models.moe import MOE_AXES, moe_ffn  # noqa: E402
+from scalerl_jax.models.moe import moe_ffn, moe_specs  # noqa: E402
 from scalerl_jax.models.presets import get_preset, tiny_moe  # noqa: E402
 
 
@@ -82,7 +82,8 @@ def bench(n_experts: int, tokens: int, d: int, ffn: int, reps: int) -> list[dict
         else:
             mesh = shd.make_mesh(mcfg)
             x_sh = NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
-            w_sh = {k: NamedSharding(mesh, shd.logical_to_spec(MOE_AXES[k][1:], v.shape, mesh)) for k, v in mp.items()}
+            axes = {k: w.axes[1:] for k, w in moe_specs(cfg, 1).items()}
+            w_sh = {k: NamedSharding(mesh, shd.logical_to_spec(axes[k], v.shape, mesh)) for k, v in mp.items()}
             with shd.use_mesh(mesh):
                 f = jax.jit(g, in_shardings=(x_sh, w_sh))
                 args = (jax.device_put(h, x_sh), jax.device_put(mp, w_sh))

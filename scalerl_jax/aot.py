@@ -44,7 +44,7 @@ def _peek_devices(argv: list[str]) -> int:
 # XLA's passes run as they would for a launch: nothing is turned off by default. (The estimate once needed
 # XLA:CPU's while-loop-invariant code motion disabled: with a bf16 stack of saved layer inputs it hoisted a
 # float32 upcast of all of them out of the backward loop, 160 GiB/device for Scout. The layers now save that stack
-# as raw integer bits (models/llama.py remat_layer) and tie the weights to each micro-batch (train/step.py), and
+# as raw integer bits (models/layers.py remat_layer) and tie the weights to each micro-batch (train/step.py), and
 # the number is within 2% either way.) --cpu-no-licm turns the pass off to compare.
 NO_LICM_XLA_FLAGS = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
 

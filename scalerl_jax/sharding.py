@@ -1,7 +1,7 @@
 """Logical axis names -> mesh axes, mesh construction and NamedSharding helpers.
 
-Every parameter and the main activations carry logical axis names (see
-``scalerl_jax.models.llama.PARAM_AXES``). A :class:`ShardingRules` table maps each logical name to
+Every parameter and the main activations carry logical axis names (each weight declares its own: see
+``scalerl_jax.models.params.Weight``). A :class:`ShardingRules` table maps each logical name to
 zero, one or several mesh axes (``data``, ``fsdp``, ``tensor``, ``expert``). A dimension whose size does not
 divide by its mesh axes is replicated instead, so one rules
 table serves the tiny model and the 8B preset.
@@ -77,12 +77,15 @@ def abstract_mesh(cfg: MeshConfig, n_devices: int) -> Mesh:
     return make_mesh(cfg, devs[:n_devices])
 
 
-def _axis_size(mesh: Mesh, axes: MeshAxes) -> int:
+def as_axes(axes: MeshAxes) -> tuple[str, ...]:
+    """A rule's or a spec entry's mesh axes as a tuple: None -> (), "fsdp" -> ("fsdp",)."""
     if axes is None:
-        return 1
-    if isinstance(axes, str):
-        axes = (axes,)
-    return math.prod(mesh.shape[a] for a in axes)
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _axis_size(mesh: Mesh, axes: MeshAxes) -> int:
+    return math.prod(mesh.shape[a] for a in as_axes(axes))
 
 
 def logical_to_spec(
@@ -96,10 +99,8 @@ def logical_to_spec(
     used: set[str] = set()
     spec = []
     for i, name in enumerate(logical):
-        axes = rules.mesh_axes(name)
-        if isinstance(axes, str):
-            axes = (axes,)
-        axes = tuple(a for a in (axes or ()) if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        axes = tuple(a for a in as_axes(rules.mesh_axes(name))
+                     if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
         if axes and shape is not None and shape[i] % _axis_size(mesh, axes) != 0:
             axes = ()
         used.update(axes)
@@ -123,10 +124,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_sharding(mesh: Mesh, ndim: int, rules: ShardingRules = DEFAULT_RULES) -> NamedSharding:
     """Shard the leading (batch) dimension over the batch mesh axes, replicate the rest."""
-    axes = rules.batch
-    if isinstance(axes, str):
-        axes = (axes,)
-    axes = tuple(a for a in (axes or ()) if mesh.shape.get(a, 1) > 1)
+    axes = tuple(a for a in as_axes(rules.batch) if mesh.shape.get(a, 1) > 1)
     first = None if not axes else axes[0] if len(axes) == 1 else axes
     return NamedSharding(mesh, P(first, *([None] * (ndim - 1))))
 
@@ -169,6 +167,11 @@ def use_mesh(mesh: Mesh | None, rules: ShardingRules = DEFAULT_RULES):
         yield
     finally:
         _ACTIVE.pop()
+
+
+def current_mesh() -> tuple[Mesh, ShardingRules] | None:
+    """The (mesh, rules) of the innermost :func:`use_mesh`, or None outside one."""
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from scalerl_jax import sharding as shd  # noqa: E402
 from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig  # noqa: E402
 from scalerl_jax.models import forward, init_params  # noqa: E402
-from scalerl_jax.models.moe import MOE_AXES, moe_ffn, route  # noqa: E402
+from scalerl_jax.models.moe import moe_ffn, moe_specs, route  # noqa: E402
 from scalerl_jax.models.presets import tiny_moe  # noqa: E402
 from scalerl_jax.train import init_train_state, jit_train_step, make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import rl_loss  # noqa: E402
@@ -76,7 +76,7 @@ loss_fn = rl_loss(cfg, LossConfig(), logp_chunk=8)
 for shape in [dict(expert=8), dict(fsdp=2, expert=4), dict(data=2, expert=4), dict(tensor=2, expert=4),
               dict(fsdp=2, tensor=2, expert=2)]:
     mesh = shd.make_mesh(MeshConfig(**{"fsdp": 1, **shape}))
-    w_sh = {k: jax.sharding.NamedSharding(mesh, shd.logical_to_spec(MOE_AXES[k][1:], a.shape, mesh))
+    w_sh = {k: jax.sharding.NamedSharding(mesh, shd.logical_to_spec(moe_specs(cfg, 1)[k].axes[1:], a.shape, mesh))
             for k, a in mp.items()}
     x_sh = jax.sharding.NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
     with shd.use_mesh(mesh):

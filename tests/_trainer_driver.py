@@ -38,7 +38,7 @@ from scalerl_jax.config import (
 from scalerl_jax.data.pipeline import PromptData
 from scalerl_jax.data.tasks import Problem, arith_split
 from scalerl_jax.data.tokenizer import CharTokenizer
-from scalerl_jax.models.llama import init_params
+from scalerl_jax.models import init_params
 from scalerl_jax.models.presets import tiny
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.train.trainer import RLTrainer

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax.aot import _peek_devices
-from scalerl_jax.models.llama import _attend, attention
+from scalerl_jax.models.layers import attention
+from scalerl_jax.models.layers import dense_attention as _attend
 from tests.conftest import ROOT
 
 GB200_HBM_BYTES = 186e9

@@ -18,7 +18,7 @@ import pytest
 
 from scalerl_jax.losses import token_logprobs
 from scalerl_jax.metrics import read_metrics
-from scalerl_jax.models.llama import forward_hidden, head_weight, init_params
+from scalerl_jax.models import forward_hidden, head_weight, init_params
 from scalerl_jax.train.rl import rl_loss
 from tests._trainer_driver import build_trainer, enable_compile_cache, make_exp
 

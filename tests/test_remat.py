@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import scalerl_jax.models.llama as llama
-import scalerl_jax.models.llama4 as llama4
+import scalerl_jax.models.layers as layers
 from scalerl_jax.models import forward, init_params, tiny, tiny_moe
-from scalerl_jax.models.llama import remat_layer
+from scalerl_jax.models.layers import remat_layer
 
 
 def _loss_and_grads(cfg, params, tokens, w):
@@ -42,8 +41,7 @@ def test_remat_matches_jax_checkpoint_and_the_plain_backward_pass(make, dtype, m
     l_plain, g_plain = _loss_and_grads(cfg, params, tokens, w)
     l_ours, g_ours = _loss_and_grads(dataclasses.replace(cfg, remat=True), params, tokens, w)
     ckpt = lambda f, _dtype: jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)  # noqa: E731
-    monkeypatch.setattr(llama, "remat_layer", ckpt)
-    monkeypatch.setattr(llama4, "remat_layer", ckpt)
+    monkeypatch.setattr(layers, "remat_layer", ckpt)
     l_ref, g_ref = _loss_and_grads(dataclasses.replace(cfg, remat=True), params, tokens, w)
     np.testing.assert_allclose(l_ours, l_ref, rtol=1e-6)
     assert _max_rel(g_ours, g_ref) <= 1e-5

@@ -21,13 +21,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-_HEAD_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from scalerl_jax.models.layers import dtype as _dtype
 
-
-def _head_dtype(head_dtype: str):
-    if head_dtype not in _HEAD_DTYPES:
-        raise ValueError(f"head_dtype must be one of {tuple(_HEAD_DTYPES)}, got {head_dtype!r}")
-    return _HEAD_DTYPES[head_dtype]
+_head_dtype = functools.partial(_dtype, what="head_dtype")
 
 
 def _logp_entropy(h_BxD: jax.Array, w_DV: jax.Array, tgt_Bx: jax.Array, temperature: float):

@@ -24,7 +24,9 @@ from safetensors.numpy import save_file
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import hf_llama4
 from scalerl_jax.models.hf_rope import rope_from_hf, rope_to_hf
-from scalerl_jax.models.llama import Params, param_shapes
+from scalerl_jax.models.layers import dtype as to_dtype
+from scalerl_jax.models.model import param_shapes
+from scalerl_jax.models.params import Params
 
 
 class CheckpointError(ValueError):
@@ -221,7 +223,7 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
 def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: dict) -> Params:
     """Fill preallocated params tensor by tensor: each HF tensor is read when needed, converted into its
     slot and dropped, so no more than one source tensor is alive at a time."""
-    np_dt = np.float32 if cfg.param_dtype == "float32" else ml_dtypes.bfloat16
+    np_dt = np.dtype(to_dtype(cfg.param_dtype))
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
@@ -260,7 +262,7 @@ def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: 
 
 def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Our params -> HF tensor names and torch layouts (C-contiguous NumPy, ``dtype``)."""
-    np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    np_dt = np.dtype(to_dtype(dtype))
     host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), params)
     sd = {"model.embed_tokens.weight": host["embed"].astype(np_dt)}
     if cfg.arch == "llama4":

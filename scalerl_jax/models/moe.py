@@ -32,31 +32,19 @@ from jax.sharding import PartitionSpec as P
 
 from scalerl_jax import sharding as shd
 from scalerl_jax.config import ConfigError, ModelConfig
+from scalerl_jax.models import layers as nn
+from scalerl_jax.models.params import Weight, swiglu_specs
 
-MOE_AXES: dict[str, tuple] = {
-    "router": ("layers", "embed", None),
-    "w_gate": ("layers", "experts", "embed", "mlp"),
-    "w_up": ("layers", "experts", "embed", "mlp"),
-    "w_down": ("layers", "experts", "mlp", "embed"),
-    "shared_gate": ("layers", "embed", "mlp"),
-    "shared_up": ("layers", "embed", "mlp"),
-    "shared_down": ("layers", "mlp", "embed"),
-}
-
-
-def moe_shapes(cfg: ModelConfig, n_layers: int) -> dict[str, tuple[int, ...]]:
-    D, E, F = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
+def moe_specs(cfg: ModelConfig, n_layers: int) -> dict[str, Weight]:
+    """The router [Lm, D, E], the routed experts [Lm, E, ...] and the shared expert of ``n_layers`` MoE layers."""
+    D, E, F, dt = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim, cfg.param_dtype
     return {
-        "router": (n_layers, D, E),
-        "w_gate": (n_layers, E, D, F), "w_up": (n_layers, E, D, F), "w_down": (n_layers, E, F, D),
-        "shared_gate": (n_layers, D, F), "shared_up": (n_layers, D, F), "shared_down": (n_layers, F, D),
+        "router": Weight((n_layers, D, E), ("layers", "embed", None), dt),
+        "w_gate": Weight((n_layers, E, D, F), ("layers", "experts", "embed", "mlp"), dt),
+        "w_up": Weight((n_layers, E, D, F), ("layers", "experts", "embed", "mlp"), dt),
+        "w_down": Weight((n_layers, E, F, D), ("layers", "experts", "mlp", "embed"), dt, "out_proj"),
+        **swiglu_specs(cfg, n_layers, F, prefix="shared_"),
     }
-
-
-def _mlp(h, w_gate, w_up, w_down):
-    from scalerl_jax.models.llama import _proj
-
-    return _proj(jax.nn.silu(_proj(h, w_gate)) * _proj(h, w_up), w_down)
 
 
 def route(h_ND: jax.Array, w_router_DE: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -138,24 +126,19 @@ def _ep_local(x_BTD, idx_BTk, s_BTk, wg, wu, wd, *, n_ep: int, capacity_factor,
     return out.reshape(B, T, D), kept.reshape(B, T)
 
 
-def _axes_tuple(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _expert_parallel(h_BTD, idx_BTk, s_BTk, wg, wu, wd, cfg: ModelConfig, mesh, rules):
     n_ep = mesh.shape["expert"]
     if cfg.n_experts % n_ep:
         raise ConfigError(f"ModelConfig.n_experts ({cfg.n_experts}) must be divisible by the mesh's expert axis "
                           f"({n_ep}) for expert parallelism")
+    axes = {k: w.axes[1:] for k, w in moe_specs(cfg, 1).items()}  # one layer's expert weights
     x_spec = shd.logical_to_spec(("batch", "seq", None), h_BTD.shape, mesh, rules)
-    w_spec = shd.logical_to_spec(MOE_AXES["w_gate"][1:], wg.shape, mesh, rules)
-    wd_spec = shd.logical_to_spec(MOE_AXES["w_down"][1:], wd.shape, mesh, rules)
-    if _axes_tuple(w_spec[0]) != ("expert",):
+    w_spec = shd.logical_to_spec(axes["w_gate"], wg.shape, mesh, rules)
+    wd_spec = shd.logical_to_spec(axes["w_down"], wd.shape, mesh, rules)
+    if shd.as_axes(w_spec[0]) != ("expert",):
         raise ConfigError(f"expert weights {tuple(wg.shape)} do not shard their expert dimension over the mesh's "
                           f"expert axis (spec {w_spec}); check ShardingRules.experts")
-    embed_axes, tensor_axes = _axes_tuple(w_spec[1]), _axes_tuple(w_spec[2])
+    embed_axes, tensor_axes = shd.as_axes(w_spec[1]), shd.as_axes(w_spec[2])
     tok_spec = P(x_spec[0], x_spec[1], None)
     fn = jax.shard_map(
         lambda x, i, s, g, u, d: _ep_local(x, i, s, g, u, d, n_ep=n_ep,
@@ -173,14 +156,12 @@ def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tup
     Stats: ``load`` [E], the fraction of this layer's token-expert assignments that went to each expert, and
     ``kept`` (scalar), the fraction not dropped by a capacity limit (1 when dropless).
     """
-    from scalerl_jax.models.llama import _dt
-
-    dt = _dt(cfg.dtype)
+    dt = nn.dtype(cfg.dtype)
     B, T, D = h_BTD.shape
     E, k = cfg.n_experts, cfg.top_k
     _, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], k)
     wg, wu, wd = mp["w_gate"].astype(dt), mp["w_up"].astype(dt), mp["w_down"].astype(dt)
-    active = shd._ACTIVE[-1] if shd._ACTIVE else None
+    active = shd.current_mesh()
     kept = jnp.float32(1.0)
     if cfg.moe_impl == "dense":
         routed = _dense_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
@@ -190,6 +171,6 @@ def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tup
         kept = jnp.mean(kept_BT)
     else:
         routed = _ragged_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
-    shared = _mlp(h_BTD, mp["shared_gate"].astype(dt), mp["shared_up"].astype(dt), mp["shared_down"].astype(dt))
+    shared = nn.swiglu(h_BTD, mp["shared_gate"], mp["shared_up"], mp["shared_down"], dt)
     load = jnp.mean(jnp.sum(jax.nn.one_hot(idx, E, dtype=jnp.float32), axis=1), axis=0) / k
     return shared + routed.astype(shared.dtype), {"load": load, "kept": kept}

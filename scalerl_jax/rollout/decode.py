@@ -1,11 +1,11 @@
 """Device side of the embedded engine (:mod:`scalerl_jax.rollout.engine`): jitted prefill, single-token decode
 forward, the per-row interruption state machine and the decode chunk under ``lax.scan``, over the slot KV cache
-``{"k", "v"}: [L, B, K, S, Dh]``.
+``{"k", "v"}: [L, B, K, S, Dh]`` (the models' own cache layout, :func:`scalerl_jax.models.init_cache`).
 
 Prefill (:func:`_prefill_kv`) runs :func:`forward_cached` over new rows (their prompts minus the last token) on a
-cache of exactly T positions and returns their K/V in the decode layout; :func:`_scatter_rows` writes them into
-their slots. A decode step (:func:`_decode_step`) feeds each row's pending token at its own position (writing its
-K/V into the cache), takes float32 logits from the FP32 head (:func:`lm_logits`), chooses the next token and
+cache of exactly T positions and returns their K/V; :func:`_scatter_rows` writes them into
+their slots. A decode step (:func:`_decode_step`) feeds each row's pending token at its own position through the model's
+own cached forward (:func:`forward_cached` with T = 1, which writes its K/V into the cache in place), takes float32 logits from the FP32 head (:func:`lm_logits`), chooses the next token and
 advances the row's state machine (below); :func:`_decode_chunk` runs ``n_steps`` of them in one ``lax.scan``.
 Finished and empty slots keep running (static shapes) but emit nothing. The engine calls the module-level jits
 (``prefill_kv_jit``, ``scatter_rows_jit``, ``decode_chunk_jit``): engines over the same config share compiled code.
@@ -34,13 +34,12 @@ completion (injected tokens included); with length control it must be at least
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import Params, _dt, _embed, forward_cached, init_cache, lm_logits, rms_norm, rope_inv_freq
+from scalerl_jax.models import forward_cached, init_cache, lm_logits
+from scalerl_jax.models.params import Params
 from scalerl_jax.rollout.sampling import sample_tokens
 
 PH_THINK, PH_INJECT, PH_ANSWER, PH_FREE = 0, 1, 2, 3
@@ -50,7 +49,7 @@ NO_BUDGET = 2**30  # the thinking budget of a row without length control
 
 
 def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
-    """K/V of new rows ``tokens_kT`` (positions 0..T-1) in the decode layout ``{"k", "v"}: [L, k, K, T, Dh]``.
+    """K/V of new rows ``tokens_kT`` (positions 0..T-1): ``{"k", "v"}: [L, k, K, T, Dh]``.
 
     Runs :func:`forward_cached` on a cache of exactly T positions (cheap cache writes). Compiled per (k, T) only,
     not per slot-cache shape: the expensive compile is shared by every batch and cache size.
@@ -58,7 +57,7 @@ def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
     k, T = tokens_kT.shape
     pos_kT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (k, T))
     _, new = forward_cached(params, tokens_kT, pos_kT, init_cache(cfg, k, T), cfg)
-    return {n: jnp.swapaxes(new[n], 2, 3) for n in ("k", "v")}
+    return new
 
 
 def _scatter_rows(cache, new, slot_k: jax.Array):
@@ -69,69 +68,10 @@ def _scatter_rows(cache, new, slot_k: jax.Array):
     return {n: cache[n].at[:, slot_k, :, :T].set(new[n].astype(cache[n].dtype), mode="drop") for n in ("k", "v")}
 
 
-def _rope_1(x_BHD: jax.Array, cos_BD: jax.Array, sin_BD: jax.Array) -> jax.Array:
-    """Rotate-half RoPE for one position per row (same convention as :func:`llama.apply_rope`)."""
-    x = x_BHD.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return (x * cos_BD[:, None] + rot * sin_BD[:, None]).astype(x_BHD.dtype)
-
-
-def _decode_forward(params: Params, tok_B: jax.Array, pos_B: jax.Array, cache, cfg: ModelConfig):
-    """Single-token forward for decode: feed ``tok_B`` at ``pos_B``, return (final-norm hidden [B, D], cache).
-
-    Same math as :func:`llama.forward_cached` with T = 1, but specialised for CPU/GPU decode speed: the cache is
-    laid out [L, B, K, S, Dh] (attention is then a plain batched matmul over (B, K)), it travels in the
-    layer-scan carry so the new K/V is scattered in place, and RoPE angles are computed once per step.
-    """
-    if cfg.arch != "llama":  # the generic path (Llama-4 MoE): forward_cached with T = 1 in its own cache layout
-        c = {n: jnp.swapaxes(cache[n], 2, 3) for n in ("k", "v")}
-        h, c = forward_cached(params, tok_B[:, None], pos_B[:, None], c, cfg)
-        return h[:, 0], {n: jnp.swapaxes(c[n], 2, 3) for n in ("k", "v")}
-    dt = _dt(cfg.dtype)
-    B = tok_B.shape[0]
-    S = cache["k"].shape[3]
-    K, Dh = cfg.n_kv_heads, cfg.head_dim
-    G = cfg.n_heads // K
-    ang_BF = pos_B.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(cfg))
-    cos_BD = jnp.cos(jnp.concatenate([ang_BF, ang_BF], -1))
-    sin_BD = jnp.sin(jnp.concatenate([ang_BF, ang_BF], -1))
-    mask_BS = jnp.arange(S)[None, :] <= pos_B[:, None]
-    b_idx = jnp.arange(B)[:, None]
-    k_idx = jnp.arange(K)[None, :]
-    scale = 1.0 / math.sqrt(Dh)
-
-    def body(carry, xs):
-        x_BD, ck, cv = carry
-        lp, layer = xs
-        h = rms_norm(x_BD, lp["attn_norm"], cfg.rms_eps)
-        q_BHD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wq"].astype(dt)), cos_BD, sin_BD)
-        k_BKD = _rope_1(jnp.einsum("bd,dhk->bhk", h, lp["wk"].astype(dt)), cos_BD, sin_BD)
-        v_BKD = jnp.einsum("bd,dhk->bhk", h, lp["wv"].astype(dt))
-        ck = ck.at[layer, b_idx, k_idx, pos_B[:, None]].set(k_BKD.astype(ck.dtype))
-        cv = cv.at[layer, b_idx, k_idx, pos_B[:, None]].set(v_BKD.astype(cv.dtype))
-        q_BKGD = q_BHD.reshape(B, K, G, Dh)
-        s_BKGS = jnp.einsum("bkgd,bksd->bkgs", q_BKGD, ck[layer].astype(dt), preferred_element_type=jnp.float32)
-        s_BKGS = jnp.where(mask_BS[:, None, None], s_BKGS * scale, jnp.finfo(jnp.float32).min)
-        p_BKGS = jax.nn.softmax(s_BKGS, axis=-1).astype(dt)
-        o_BHD = jnp.einsum("bkgs,bksd->bkgd", p_BKGS, cv[layer].astype(dt)).reshape(B, K * G, Dh)
-        x_BD = x_BD + jnp.einsum("bhk,hkd->bd", o_BHD, lp["wo"].astype(dt))
-        h = rms_norm(x_BD, lp["mlp_norm"], cfg.rms_eps)
-        g = jnp.einsum("bd,df->bf", h, lp["w_gate"].astype(dt))
-        u = jnp.einsum("bd,df->bf", h, lp["w_up"].astype(dt))
-        x_BD = x_BD + jnp.einsum("bf,fd->bd", jax.nn.silu(g) * u, lp["w_down"].astype(dt))
-        return (x_BD, ck, cv), None
-
-    x_BD = _embed(params, tok_B[:, None], cfg)[:, 0]
-    layers = jnp.arange(cfg.n_layers)
-    (x_BD, ck, cv), _ = jax.lax.scan(body, (x_BD, cache["k"], cache["v"]), (params["layers"], layers))
-    return rms_norm(x_BD, params["final_norm"], cfg.rms_eps), {"k": ck, "v": cv}
-
-
 def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, use_top_p: bool):
     """One token for every row: feed the pending token, choose the next, advance the state machine."""
-    hidden_BD, cache = _decode_forward(params, st["tok"], st["pos"], cache, cfg)
-    logits_BV = lm_logits(params, hidden_BD, cfg)
+    hidden_B1D, cache = forward_cached(params, st["tok"][:, None], st["pos"][:, None], cache, cfg)
+    logits_BV = lm_logits(params, hidden_B1D[:, 0], cfg)
     samp_B, samp_lp_B = sample_tokens(logits_BV, rows["temp"], rows["top_p"], key, use_top_p=use_top_p)
 
     active_B = ~st["done"]

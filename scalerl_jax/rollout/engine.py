@@ -65,7 +65,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import Params, _dt, param_shapes
+from scalerl_jax.models import init_cache, param_shapes
+from scalerl_jax.models.layers import dtype as to_dtype
+from scalerl_jax.models.params import Params
 from scalerl_jax.rollout.decode import FINISH_NAMES, decode_chunk_jit, prefill_kv_jit, scatter_rows_jit
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest
 from scalerl_jax.rollout.rows import (
@@ -156,7 +158,7 @@ class JaxEngine:
     def _prepare_params(self, params: Params) -> Params:
         """Check the tree and shapes against the config; move to device in the config's param dtype."""
         want = param_shapes(self.cfg)
-        dt = jnp.float32 if self.cfg.param_dtype == "float32" else jnp.bfloat16
+        dt = to_dtype(self.cfg.param_dtype)
         want_def = jax.tree.structure(want, is_leaf=lambda x: isinstance(x, tuple))
         got_def = jax.tree.structure(params)
         if want_def != got_def:
@@ -448,8 +450,7 @@ class JaxEngine:
                "ver": np.zeros((B, S), np.int32), "inj": np.zeros((B, S), bool)}
         cfg = self.cfg
         if self._cache is None:
-            shape = (cfg.n_layers, B, cfg.n_kv_heads, S, cfg.head_dim)
-            self._cache = {n: jnp.zeros(shape, _dt(cfg.dtype)) for n in ("k", "v")}
+            self._cache = init_cache(cfg, B, S)
             self._slots = [None] * B
         else:
             copy_slots(consts, self._consts)

@@ -6,7 +6,7 @@ Recorded log-prob convention (what the trainer recomputes with ``token_logprobs(
     logp(y) = log_softmax(logits)[y]            for T == 0 (greedy; the token is argmax(logits))
 
 Top-p only restricts which tokens may be drawn; it does not renormalise the recorded log-prob. Logits are
-the float32 output of the FP32 LM head (:func:`scalerl_jax.models.llama.lm_logits`).
+the float32 output of the FP32 LM head (:func:`scalerl_jax.models.lm_logits`).
 """
 
 from __future__ import annotations

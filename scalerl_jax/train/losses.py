@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import forward_hidden, lm_logits
+from scalerl_jax.models.model import forward_hidden, lm_logits
 
 
 def cross_entropy_loss(cfg: ModelConfig):

@@ -26,7 +26,7 @@ import numpy as np
 
 from scalerl_jax.config import LossConfig, ModelConfig
 from scalerl_jax.losses import policy_loss, token_logprobs
-from scalerl_jax.models.llama import forward_hidden, head_weight
+from scalerl_jax.models.model import forward_hidden, head_weight
 
 BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated")
 
@@ -85,13 +85,7 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # The forward runs over all T tokens (the last position's output is unused, causality keeps the
         # others exact) so the sequence stays a multiple of the attention / log-prob chunks: T - 1 would
         # force padding copies of every block input.
-        router = None
-        if model_cfg.arch == "llama4":
-            from scalerl_jax.models import llama4
-
-            h, router = llama4.forward_hidden(params, tokens, model_cfg, return_aux=True)
-        else:
-            h = forward_hidden(params, tokens, model_cfg)
+        h, router = forward_hidden(params, tokens, model_cfg, return_aux=True)
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
         logp, ent = token_logprobs(
             h, head_weight(params, model_cfg), targets, chunk=logp_chunk, head_dtype=model_cfg.head_dtype,

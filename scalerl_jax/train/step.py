@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from scalerl_jax import sharding as shd
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models.llama import abstract_params, param_axes
+from scalerl_jax.models.model import abstract_params, param_axes
 
 LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
 

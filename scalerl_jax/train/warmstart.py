@@ -13,7 +13,7 @@ import numpy as np
 
 from scalerl_jax.config import ModelConfig, TrainConfig
 from scalerl_jax.data.tasks import THINK_MARKER, Problem
-from scalerl_jax.models.llama import init_params
+from scalerl_jax.models.model import init_params
 from scalerl_jax.train.losses import cross_entropy_loss
 from scalerl_jax.train.optim import make_optimizer
 from scalerl_jax.train.step import init_train_state, make_train_step

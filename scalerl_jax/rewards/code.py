@@ -20,6 +20,16 @@ message and line in ``detail``); ``timeout`` (wall clock or CPU limit); ``memory
 address-space limit); ``output_limit`` (more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the run
 ended before a verdict: ``os._exit``, a signal, a closed harness); ``sandbox_error`` (the machinery failed).
 
+What the sandbox does not stop:
+
+- The rlimits fallback has no namespaces: the program sees the host's file system (as a fresh uid when the
+  trainer is root; otherwise as the trainer's own user, whose files and processes it can then reach) and the
+  network. It exists so that runs do not stop, and says so in every result and in a warning.
+- The harness shares an interpreter with the program it judges (HumanEval's ``check`` calls the program's
+  functions), so a program that deliberately inspects the harness's frames can forge a verdict. The nonce stops
+  blind forgery (printed lines, closed streams, early exits, writes to guessed descriptors); the sandbox, not the
+  verdict, protects the host.
+
 Batches go through a bounded pool of workers (:class:`~scalerl_jax.rewards.code_pool.CodePool`), so code rewards
 run beside generation and one slow program holds one worker for at most its own timeout.
 """

@@ -1,51 +1,35 @@
 """Run an untrusted Python program and its tests in a sandbox; the verdict comes back over a private pipe.
 
-Code rewards execute model-written programs, so this module is the security boundary of the whole system. One run
-(:meth:`Sandbox.run`) goes through three processes:
+One run (:meth:`Sandbox.run`) goes through three processes:
 
-1. the **launcher** (``python -I -S -c <_launcher>``, started in a new session by the calling thread): drops root
-   to a fresh uid if the trainer is root (see below), then either execs bubblewrap or, in the rlimits fallback,
-   forks the runner in a new session, enforces the wall clock and kills every process the run left behind;
-2. **bubblewrap** (``isolation="bwrap"``): every namespace unshared (user, mount, pid, network, ipc, uts, cgroup;
-   no nested user namespaces), die-with-parent, a new session, a cleared environment, a read-only view of the
-   interpreter (its executable, standard library and ``libpython``; its ``site-packages`` hidden under an empty
-   tmpfs) and of the system libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp``
-   and at the scratch directory ``/sandbox``. Nothing else of the host is visible and there is no network;
+1. the **launcher** (``python -I -S -c <_launcher>``, in a new session): as root, drops to a fresh uid (below),
+   then execs bubblewrap or, in the rlimits fallback, forks the runner in a new session as a child subreaper,
+   enforces the wall clock and kills every process the run left behind;
+2. **bubblewrap**: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
+   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter (its
+   executable, standard library and ``libpython``; ``site-packages`` hidden under empty tmpfs) and the system
+   libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp`` and at the scratch
+   directory ``/sandbox``. Nothing else of the host is visible, and there is no network;
 3. the **runner** (``python -I -S -c <_runner>``, the trusted harness inside): reads the job (program, tests,
-   entry point, limits, a random nonce) from stdin, points stdin at ``/dev/null``, sets the rlimits (CPU seconds,
-   address space, processes, file size, open files, no core dumps), executes the program, then the tests (plain
-   asserts, or HumanEval's ``check(candidate)`` with an entry point), and only then writes the verdict, prefixed
-   by the nonce, to a pipe fd. stdout and stderr are never parsed: printing a fake result, closing or redirecting
-   the streams, ``sys.exit``, ``os._exit`` or a crash before the tests finish all end without a verdict, or with
-   a failing one. The wall clock is enforced from outside by killing the whole process tree (pid namespace or
-   process group), and stdout/stderr are capped (over the cap the run is killed: ``output_limit``).
+   entry point, limits, a random nonce) from stdin and points stdin at ``/dev/null``, sets the rlimits (CPU,
+   address space, processes, file size, open files, no core), executes the program, then the tests, and only then
+   writes the verdict, keyed by the nonce, to a pipe. stdout and stderr are never parsed.
 
-Root. ``RLIMIT_NPROC`` does not bind uid 0, and a root program could signal the trainer, so when the trainer runs
-as root every run gets its own unused uid (:class:`_UidPool`): the launcher drops to it before bubblewrap, or
-before the runner in the fallback. Interpreter paths that this uid cannot reach (a pyenv under ``/root``) are made
+From outside, the trainer enforces the wall clock (killing the launcher's process group: bubblewrap's pid
+namespace dies with it), caps stdout/stderr (``output_limit``), and samples the resident memory of the run's
+whole process tree (over ``memory_mb`` together: ``memory``).
+
+Root. ``RLIMIT_NPROC`` does not bind uid 0 and a root program could signal the trainer, so as root every run gets
+its own unused uid (:func:`_uid_pool`). Interpreter paths that uid cannot reach (a pyenv under ``/root``) are made
 reachable in the launcher's private mount namespace only: the blocking directory is covered by a tmpfs holding
-bind mounts of exactly those paths, which also hides the rest of it. After an abnormal end every process of that
-uid is killed.
+bind mounts of exactly those paths. After an abnormal end every process of that uid is killed.
 
-Isolation is chosen once per :class:`Sandbox`: ``"auto"`` tries bubblewrap with a trivial program and falls back to
-``"rlimits"`` with a loud warning when it cannot start (no user namespaces, no setuid bwrap); ``"bwrap"`` and
-``"rlimits"`` fail at construction when they cannot run; ``"none"`` (no isolation at all, only the timeout and
-the output cap) is used only when a config asks for it. Every :class:`CodeResult` names the isolation it ran under.
-
-Limits, stated plainly:
-
-- The rlimits fallback has no namespaces: the program sees the host's file system (as a fresh uid when the
-  trainer is root; as the trainer's own user otherwise, when it can also read and signal that user's files and
-  processes) and the network. It exists so that runs do not stop, and it says so in every result and warning.
-- Memory is bounded per process (``RLIMIT_AS``), so a run can hold up to ``max_procs * memory_mb``.
-- The harness shares an interpreter with the program it judges (HumanEval's ``check`` calls the program's
-  functions directly), so a program that deliberately inspects the harness's frames can forge a verdict. The
-  nonce stops blind forgery (printed lines, closed streams, early exits, writes to guessed descriptors); the
-  sandbox, not the verdict, is what protects the host.
+What the sandbox does not stop is listed in :mod:`scalerl_jax.rewards.code`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hmac
@@ -54,6 +38,7 @@ import json
 import logging
 import math
 import os
+import queue
 import secrets
 import select
 import shutil
@@ -64,7 +49,8 @@ import tempfile
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
+import weakref
+from typing import NamedTuple
 
 from scalerl_jax.rewards.code import HEAD_BYTES, REASONS, CodeResult, SandboxConfig
 
@@ -72,6 +58,8 @@ log = logging.getLogger(__name__)
 
 _VERDICT_MAX = 1 << 16  # a program that floods the verdict pipe is killed
 _FALLBACK_GRACE_S = 1.0  # the fallback launcher enforces the clock itself; the trainer kills it this much later
+_RSS_EVERY_S = 0.25  # how often a running program's memory is sampled (only runs that last longer are sampled)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32", "/libx32")
 
 
@@ -86,6 +74,7 @@ class SandboxError(RuntimeError):
 
 def _runner() -> None:
     """The trusted harness inside the sandbox (argv: the verdict fd; stdin: the job as JSON)."""
+    import contextlib
     import json
     import os
     import resource
@@ -101,43 +90,37 @@ def _runner() -> None:
     os.close(null)
     lim = job["limits"]
     if lim is not None:
-        # RLIMIT_NPROC counts every task of the real uid that this process can see (the sandbox's own in bwrap, the
-        # user's in the fallback), so the program's allowance comes on top of what already runs.
-        uid, tasks = os.getuid(), 0
+        # RLIMIT_NPROC counts every task of the real uid (the sandbox's in bwrap, the user's in the fallback), so the
+        # program's allowance comes on top of those this process can see.
+        tasks = 0
         for d in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{d}/status") as f:
-                    st = dict(line.split(":", 1) for line in f if ":" in line)
-                if int(st["Uid"].split()[0]) == uid:
-                    tasks += int(st["Threads"])
-            except (OSError, ValueError, KeyError):
-                continue
-        for res, soft, hard in ((resource.RLIMIT_NPROC, tasks + lim["procs"], None), (resource.RLIMIT_AS, lim["as"], None),
-                                (resource.RLIMIT_FSIZE, lim["fsize"], None), (resource.RLIMIT_NOFILE, lim["nofile"], None),
-                                (resource.RLIMIT_CORE, 0, None), (resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)):
-            cur = resource.getrlimit(res)[1]
-            hard = soft if hard is None else hard
-            cap = (lambda v: v) if cur == resource.RLIM_INFINITY else (lambda v, c=cur: min(v, c))
-            resource.setrlimit(res, (cap(soft), cap(hard)))
+            with contextlib.suppress(OSError, ValueError, KeyError), open(f"/proc/{d}/status") as f:
+                st = dict(line.split(":", 1) for line in f if ":" in line)
+                tasks += int(st["Threads"]) if int(st["Uid"].split()[0]) == os.getuid() else 0
+        r = resource
+        for res, soft, hard in ((r.RLIMIT_NPROC, tasks + lim["procs"], 0), (r.RLIMIT_AS, lim["as"], 0),
+                                (r.RLIMIT_FSIZE, lim["fsize"], 0), (r.RLIMIT_NOFILE, lim["nofile"], 0),
+                                (r.RLIMIT_CORE, 0, 0), (r.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)):
+            hard, top = hard or soft, r.getrlimit(res)[1]
+            if top != r.RLIM_INFINITY:  # an unprivileged process cannot raise its hard limit
+                soft, hard = min(soft, top), min(hard, top)
+            r.setrlimit(res, (soft, hard))
     src = {"program.py": job["program"], "tests.py": job["tests"]}
     entry = job["entry_point"]
     # The verdict is built from bytes with pre-bound primitives (no json, no module lookups at write time), so a
     # program that monkeypatches modules cannot rewrite it.
     prefix = job["nonce"].encode() + b"\t"
     del job, parts
-    write, encode, exit_, flush_streams = os.write, str.encode, os._exit, (sys.stdout, sys.stderr)
+    write, encode, exit_, suppress, flush_streams = os.write, str.encode, os._exit, contextlib.suppress, (
+        sys.stdout, sys.stderr)
 
     def verdict(reason: str, detail: str) -> None:
         body = encode(detail, "utf-8", "backslashreplace")[:2000].replace(b"\n", b" ").replace(b"\t", b" ")
-        try:
+        with suppress(OSError):
             write(fd, prefix + encode(reason) + b"\t" + body + b"\n")
-        except OSError:
-            pass
         for s in flush_streams:
-            try:
+            with suppress(BaseException):  # the program may have replaced the streams; the verdict is out already
                 s.flush()
-            except BaseException:  # noqa: BLE001, S110 -- the program may have replaced the streams; the verdict is out
-                pass
         exit_(0)
 
     def describe(e: BaseException) -> str:
@@ -179,6 +162,7 @@ def _runner() -> None:
 def _launcher() -> None:
     """Between the trainer and the sandbox (argv: JSON config). Drops root to the run's uid, then execs bubblewrap
     or (fallback) supervises the runner: wall clock, then kill everything the run left behind."""
+    import contextlib
     import ctypes
     import json
     import os
@@ -204,7 +188,7 @@ def _launcher() -> None:
         for top, paths in c["reach"]:
             fds = [os.open(p, os.O_PATH) for p in paths]  # the originals stay reachable through these
             ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=755"), f"tmpfs on {top}")
-            for p, pfd in zip(paths, fds):
+            for p, pfd in zip(paths, fds, strict=True):
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 if os.path.isdir(f"/proc/self/fd/{pfd}"):
                     os.makedirs(p, exist_ok=True)
@@ -244,40 +228,26 @@ def _launcher() -> None:
     pidfd = os.pidfd_open(pid)
     timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
 
-    def sweep() -> None:
+    def sweep() -> None:  # kill our descendants (orphans included: we are their subreaper) until none is left
         me = os.getpid()
         for _ in range(500):
-            parent, owner = {}, {}
+            parent = {}
             for d in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    with open(f"/proc/{d}/status") as f:
-                        st = dict(line.split(":", 1) for line in f if ":" in line)
-                    if st["State"].split()[0] != "Z":
-                        parent[int(d)], owner[int(d)] = int(st["PPid"]), int(st["Uid"].split()[0])
-                except (OSError, ValueError, KeyError):
-                    continue
-
-            def ours(p: int, parent: dict = parent) -> bool:
-                for _ in range(64):
-                    p = parent.get(p, 0)
-                    if p == me:
-                        return True
-                    if p <= 1:
-                        return False
-                return False
-
-            victims = [p for p in parent if p != me and (owner[p] == uid if uid is not None else ours(p))]
+                with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            victims = []
+            for p in parent:
+                q, hops = p, 0
+                while q > 1 and q != me and hops < 64:
+                    q, hops = parent.get(q, 0), hops + 1
+                if q == me and p != me:
+                    victims.append(p)
             for p in victims:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(p, signal.SIGKILL)
-                except OSError:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
                     pass
-            while True:
-                try:
-                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                        break
-                except ChildProcessError:
-                    break
             if not victims:
                 return
             time.sleep(0.005)
@@ -297,12 +267,7 @@ def _source(fn_name: str) -> str:
     return textwrap.dedent(inspect.getsource(fn)) + f"\n{fn_name}()\n"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The trainer side.
-
-
-@dataclass(frozen=True)
-class _Interpreter:
+class _Interpreter(NamedTuple):
     exe: str  # the real interpreter (never a venv's symlink: the sandbox has no venv)
     binds: tuple[str, ...]  # read-only in the sandbox: exe, standard library, libpython's directory
     masks: tuple[str, ...]  # their site-packages / dist-packages, hidden under empty tmpfs
@@ -348,66 +313,73 @@ def find_bwrap() -> str | None:
         return shutil.which("bwrap")
 
 
-def _blocked_by(path: str) -> str | None:
-    """The first proper ancestor of ``path`` that a stranger (a fresh uid) cannot search, or None."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
-        d = "/" + "/".join(parts[:i])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
 def _reach_groups(paths: list[str]) -> list[tuple[str, list[str]]]:
+    """``paths`` grouped under their first proper ancestor that a stranger (a fresh uid) cannot search; paths that
+    are reachable already are left out."""
     groups: dict[str, list[str]] = {}
     for p in _cover(paths):
-        top = _blocked_by(p)
+        parts = p.strip("/").split("/")
+        top = next((d for d in ("/" + "/".join(parts[:i]) for i in range(1, len(parts)))
+                    if not os.stat(d).st_mode & 0o001), None)
         if top is not None:
             groups.setdefault(top, []).append(p)
     return sorted(groups.items())
 
 
-class _UidPool:
-    """Unused uids for root's runs, one per concurrent run (so per-uid limits and kills stay within a run). The
-    block depends on the pid, so two trainers on one host draw different uids."""
+def _uid_pool(size: int = 1024) -> queue.SimpleQueue:
+    """Unused uids for root's runs, one per concurrent run, so per-uid limits and kills stay within a run. The block
+    depends on the pid, so two trainers on one host draw different uids."""
+    pool: queue.SimpleQueue = queue.SimpleQueue()
+    base = 1_000_000_000 + (os.getpid() % 1_000_000) * size
+    for uid in range(base, base + size):
+        pool.put(uid)
+    return pool
 
-    def __init__(self, size: int = 1024) -> None:
-        base = 1_000_000_000 + (os.getpid() % 1_000_000) * size
-        self._free = list(range(base + size - 1, base - 1, -1))
-        self._lock = threading.Lock()
 
-    def acquire(self) -> int:
-        with self._lock:
-            return self._free.pop()
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """``{pid: (parent pid, resident pages)}`` of every live process."""
+    table = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                table[int(d)] = (int(fields[1]), int(fields[21]))
+    return table
 
-    def release(self, uid: int) -> None:
-        with self._lock:
-            self._free.append(uid)
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and all its descendants, MB (children of a pid namespace's init included)."""
+    table = _proc_table()
+    kids: dict[int, list[int]] = {}
+    for p, (pp, _) in table.items():
+        kids.setdefault(pp, []).append(p)
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += table.get(p, (0, 0))[1]
+        stack += kids.get(p, [])
+    return total * _PAGE / 2**20
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def kill_uid(uid: int, rounds: int = 500) -> int:
     """SIGKILL every process whose real uid is ``uid`` until none is left (root only); returns how many."""
     killed = 0
     for _ in range(rounds):
-        victims = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/status") as f:
-                    st = dict(line.split(":", 1) for line in f if ":" in line)
-                if int(st["Uid"].split()[0]) == uid and st["State"].split()[0] != "Z":
-                    victims.append(int(d))
-            except (OSError, ValueError, KeyError):
-                continue
-        if not victims:
-            break
+        victims = [p for p in _proc_table() if _real_uid(p) == uid]
         for p in victims:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
                 killed += 1
-            except OSError:
-                pass
+        if not victims:
+            break
         time.sleep(0.005)
     return killed
 
@@ -424,18 +396,18 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self._interp = _interpreter()
         self._bwrap = find_bwrap()
-        self._uids = _UidPool() if os.geteuid() == 0 else None
+        self._uids = _uid_pool() if os.geteuid() == 0 else None
         self._tmp = tempfile.mkdtemp(prefix="scalerl_sandbox_")  # fallback scratch dirs, one per run, inside
         os.chmod(self._tmp, 0o711)  # a run's uid may enter its own scratch dir, not list the others
-        self._finalizer = __import__("weakref").finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._reach: dict[str, list] = {}
         self.isolation = self._resolve(self.config.isolation)
 
     # -- isolation -------------------------------------------------------------------------------------------------
     def describe(self) -> str:
-        """One line: the active isolation and, as root, the per-run uid."""
+        """One line: the active isolation and whose uid the programs run as."""
         who = "a fresh uid per run" if self._uids is not None and self.isolation != "none" else "the trainer's uid"
-        return f"{self.isolation} ({who}; bwrap: {self._bwrap or 'not found'})"
+        return f"{self.isolation}, as {who}"
 
     def _resolve(self, want: str) -> str:
         if want == "none":
@@ -517,7 +489,7 @@ class Sandbox:
             "nofile": cfg.max_open_files, "cpu": math.ceil(cfg.cpu_s)}
         job = json.dumps({"nonce": nonce, "program": program, "tests": tests, "entry_point": entry_point,
                           "limits": limits}).encode()
-        uid = self._uids.acquire() if self._uids is not None and mode != "none" else None
+        uid = self._uids.get() if self._uids is not None and mode != "none" else None
         scratch = None
         vr, vw = os.pipe()
         sr, sw = os.pipe()
@@ -526,9 +498,8 @@ class Sandbox:
         try:
             jfd = os.memfd_create("scalerl-code-job")
             try:
-                view = memoryview(job)
-                while view:
-                    view = view[os.write(jfd, view):]
+                with open(jfd, "wb", closefd=False) as f:
+                    f.write(job)
                 os.lseek(jfd, 0, os.SEEK_SET)
                 runner = [self._interp.exe, "-I", "-S", "-c", _source("_runner"), str(vw)]
                 if mode == "bwrap":
@@ -549,7 +520,7 @@ class Sandbox:
                 for fd in (jfd, vw, sw):
                     os.close(fd)
             deadline = t0 + cfg.timeout_s + (0.0 if mode == "bwrap" else _FALLBACK_GRACE_S)
-            killed, head = _collect(proc, vr, sr, deadline, cfg.max_output_bytes)
+            killed, head = _collect(proc, vr, sr, deadline, cfg)
             return _judge(killed, head, proc.returncode, nonce, mode, cfg, time.monotonic() - t0)
         finally:
             os.close(vr)
@@ -562,28 +533,26 @@ class Sandbox:
             if uid is not None:
                 if (killed or proc is None or proc.returncode is None or proc.returncode < 0) and kill_uid(uid):
                     log.info("code sandbox: killed processes left by uid %d", uid)
-                self._uids.release(uid)
+                self._uids.put(uid)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
-def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cap: int) -> tuple[str | None, dict]:
-    """Read stdout, stderr, the verdict and the status pipes until the run ends or breaks a limit. Returns
-    ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"`` or ``"flood"``; ``heads`` the first bytes
-    of each stream. Whatever was killed has been waited for."""
+def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cfg: SandboxConfig) -> tuple[str | None, dict]:
+    """Read stdout, stderr, the verdict and the status pipes until the run ends or breaks a limit, sampling the
+    memory of its process tree. Returns ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"``,
+    ``"memory"`` or ``"flood"``; ``heads`` the first bytes of each stream. Whatever was killed has been waited for."""
     streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", vr: "verdict", sr: "status"}
     head = {name: bytearray() for name in streams.values()}
     total = dict.fromkeys(head, 0)
     pidfd = os.pidfd_open(proc.pid)
-    killed, exited_at = None, None
+    killed, exited_at, sample_at = None, None, time.monotonic() + _RSS_EVERY_S
     try:
         while streams and killed is None:
             now = time.monotonic()
@@ -592,7 +561,13 @@ def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cap: int
                 break
             if exited_at is not None and now - exited_at > 0.5:
                 break  # something still holds a pipe after the run ended: stop listening
-            wait = deadline - now if exited_at is None else min(deadline, exited_at + 0.5) - now
+            if exited_at is None and now >= sample_at:
+                # RLIMIT_AS bounds each process; this bounds the run (max_procs processes could hold more)
+                if tree_rss_mb(proc.pid) > cfg.memory_mb:
+                    killed = "memory"
+                    break
+                sample_at = now + _RSS_EVERY_S
+            wait = min(deadline, sample_at) - now if exited_at is None else min(deadline, exited_at + 0.5) - now
             for fd in select.select(list(streams) + ([pidfd] if exited_at is None else []), [], [], wait)[0]:
                 if fd == pidfd:
                     exited_at = time.monotonic()
@@ -606,7 +581,7 @@ def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cap: int
                 room = (HEAD_BYTES if name in ("stdout", "stderr") else _VERDICT_MAX) - len(head[name])
                 if room > 0:
                     head[name] += data[:room]
-                if name in ("stdout", "stderr") and total[name] > cap:
+                if name in ("stdout", "stderr") and total[name] > cfg.max_output_bytes:
                     killed = "output"
                 elif name == "verdict" and total[name] > _VERDICT_MAX:
                     killed = "flood"
@@ -634,6 +609,8 @@ def _judge(killed: str | None, head: dict, rc: int, nonce: str, mode: str, cfg: 
         return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
     if killed == "output":
         return result("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr")
+    if killed == "memory":
+        return result("memory", f"the run's processes held over {cfg.memory_mb} MB together")
     if killed == "flood":
         return result("crash", "the program wrote into the harness's verdict pipe")
     key = nonce.encode()
@@ -644,9 +621,9 @@ def _judge(killed: str | None, head: dict, rc: int, nonce: str, mode: str, cfg: 
             return result(reason if reason in REASONS else "crash", parts[2].decode("utf-8", "replace"))
     if b'"child-pid"' not in head["status"] and b'"started"' not in head["status"]:
         return result("sandbox_error", "the sandbox did not start: " + head["stderr"][-600:].decode("utf-8", "replace"))
-    if rc == 124 and mode != "bwrap":
-        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
     sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
+    if rc == 124 and mode != "bwrap":  # the fallback launcher's own clock
+        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
     if sig == signal.SIGXCPU:
         return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
     if sig == signal.SIGXFSZ:

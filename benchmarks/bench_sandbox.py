@@ -1,0 +1,75 @@
+"""Code sandbox overhead: programs per second through a CodePool under bubblewrap against the rlimits-only fallback
+(and, as a floor, no sandbox at all), for a trivial program and for HumanEval problems, measured in one run.
+
+    python -m benchmarks.bench_sandbox                          # 64 programs per cell, 4 workers
+    python -m benchmarks.bench_sandbox --programs 128 --workers 8 --no-none
+
+Each cell runs ``--programs`` jobs through one :class:`~scalerl_jax.rewards.code_pool.CodePool` (after one warm-up
+run) and reports wall time and programs/s; every run must pass (the canonical solutions of HumanEval's first
+problems, cycled). The ratio column divides each isolation's rate by the rlimits-only rate of the same workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import time
+
+
+def _measure(pool, jobs) -> tuple[float, float]:
+    pool.map(jobs[:1])  # warm-up: interpreter pages, probe cache, first uid
+    t0 = time.perf_counter()
+    results = pool.map(jobs)
+    wall = time.perf_counter() - t0
+    bad = [r for r in results if not r.passed]
+    if bad:
+        raise SystemExit(f"{len(bad)} of {len(jobs)} runs did not pass under {pool.isolation}: {bad[0]}")
+    return wall, len(jobs) / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--programs", type=int, default=64, help="runs per cell")
+    ap.add_argument("--workers", type=int, default=4, help="CodePool workers")
+    ap.add_argument("--humaneval", type=int, default=16, help="how many HumanEval problems to cycle through")
+    ap.add_argument("--no-none", action="store_true", help="skip the unsandboxed floor")
+    a = ap.parse_args()
+
+    from scalerl_jax.data.code_tasks import load_humaneval
+    from scalerl_jax.rewards.code import SandboxConfig
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+    from scalerl_jax.rewards.sandbox import SandboxError, find_bwrap
+
+    tasks = load_humaneval()[: a.humaneval]
+    workloads = {
+        "trivial": [CodeJob("x = 1\n", "assert x == 1\n")] * a.programs,
+        "humaneval": [CodeJob(t.reference_program(), t.tests, t.entry_point)
+                      for t in itertools.islice(itertools.cycle(tasks), a.programs)],
+    }
+    modes = ["bwrap", "rlimits"] + ([] if a.no_none else ["none"])
+    rows, rate = [], {}
+    for mode in modes:
+        try:
+            pool = CodePool(SandboxConfig(isolation=mode, workers=a.workers, timeout_s=30.0, cpu_s=30.0))
+        except SandboxError as e:
+            rows.append((mode, "-", "-", "-", f"unavailable: {e}"))
+            continue
+        with pool:
+            for name, jobs in workloads.items():
+                wall, per_s = _measure(pool, jobs)
+                rate[mode, name] = per_s
+                rows.append((mode, name, f"{wall:.2f}", f"{per_s:.1f}", pool.sandbox.describe()))
+
+    print(f"\ncode sandbox throughput: {a.programs} programs per cell, {a.workers} workers, {os.cpu_count()} CPUs, "
+          f"euid {os.geteuid()}, bwrap {find_bwrap()}, load average {os.getloadavg()[0]:.1f}\n")
+    print("| isolation | workload | wall s | programs/s | vs rlimits | sandbox |")
+    print("|---|---|---|---|---|---|")
+    for mode, name, wall, per_s, what in rows:
+        ref = rate.get(("rlimits", name))
+        ratio = f"{rate[mode, name] / ref:.2f}" if ref and (mode, name) in rate else "-"
+        print(f"| {mode} | {name} | {wall} | {per_s} | {ratio} | {what} |")
+
+
+if __name__ == "__main__":
+    main()

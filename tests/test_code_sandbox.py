@@ -147,6 +147,11 @@ def test_writing_outside_the_scratch_dir_leaves_no_file(sandbox, tmp_path):
                         "assert False, 'not a solution'\n")
         assert not r.passed and "not a solution" in r.detail
         assert not os.path.exists(host_tmp)
+        for where in ("/", "/dev", "/usr/lib"):  # outside the capped tmpfs everything is read-only
+            r = sandbox.run(f"open({where + '/x'!r}, 'w')\n", "pass\n")
+            assert r.reason == "failed" and "Read-only file system" in r.detail, r
+        r = sandbox.run("for k in range(64):\n    open(f'f{k}', 'wb').write(bytes(1 << 20))\n", "pass\n")
+        assert r.reason == "failed" and "No space left" in r.detail, r  # the scratch tmpfs is capped
 
 
 def test_no_connection_reaches_a_listening_socket(sandbox):

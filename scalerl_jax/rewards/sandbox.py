@@ -8,8 +8,9 @@ One run (:meth:`Sandbox.run`) goes through three processes:
 2. **bubblewrap**: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
    namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter (its
    executable, standard library and ``libpython``; ``site-packages`` hidden under empty tmpfs) and the system
-   libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp`` and at the scratch
-   directory ``/sandbox``. Nothing else of the host is visible, and there is no network;
+   libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp``, ``/dev/shm`` and the
+   scratch directory ``/sandbox`` (everything else is read-only). Nothing else of the host is visible, and there
+   is no network;
 3. the **runner** (``python -I -S -c <_runner>``, the trusted harness inside): reads the job (program, tests,
    entry point, limits, a random nonce) from stdin and points stdin at ``/dev/null``, sets the rlimits (CPU,
    address space, processes, file size, open files, no core), executes the program, then the tests, and only then
@@ -464,9 +465,12 @@ class Sandbox:
         for b in self._interp.binds:
             a += ["--ro-bind", b, b]
         for m in self._interp.masks:
-            a += ["--tmpfs", m]
-        return a + ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size,
-                    "--tmpfs", "/sandbox", "--chdir", "/sandbox", "--"]
+            a += ["--tmpfs", m, "--remount-ro", m]
+        # Every tmpfs is capped or read-only (the root and /dev too): no filling the host's memory with many files.
+        a += ["--dev", "/dev", "--proc", "/proc"]
+        for d in ("/tmp", "/sandbox", "/dev/shm"):
+            a += ["--size", size, "--tmpfs", d]
+        return a + ["--remount-ro", "/dev", "--chdir", "/sandbox", "--remount-ro", "/", "--"]
 
     # -- runs ------------------------------------------------------------------------------------------------------
     def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:

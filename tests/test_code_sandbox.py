@@ -87,6 +87,17 @@ def test_correct_passes_and_wrong_fails_with_the_assert_message(sandbox):
     assert (r.passed, r.reason) == (False, "failed") and "assert candidate(1, 1) == 3" in r.detail
 
 
+def test_a_program_cannot_supply_or_swap_the_tests_check(sandbox):
+    tests = "def check(candidate):\n    assert candidate() == 1, 'the real check ran'\n"
+    r = sandbox.run("def f():\n    return 2\ndef check(candidate):\n    pass\n", "x = 1\n", "f")
+    assert (r.passed, r.detail) == (False, "the tests define no check(candidate)")
+    swapper = ("import threading\ndef f():\n    return 2\ndef swap():\n    while True:\n"
+               "        globals()['check'] = lambda candidate: None\n"
+               "threading.Thread(target=swap, daemon=True).start()\n")
+    r = sandbox.run(swapper, tests, "f")
+    assert not r.passed and "the real check ran" in r.detail, r
+
+
 def test_infinite_loop_is_killed_on_time_and_leaves_nothing(sandbox):
     marker = f"loop{secrets.token_hex(4)}"
     r, dt = _timed(sandbox, _name_self(marker) + "while True:\n    pass\n")

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 Isolation = Literal["auto", "bwrap", "rlimits", "none"]
 ISOLATIONS = ("auto", "bwrap", "rlimits", "none")
 REASONS = ("passed", "failed", "timeout", "memory", "output_limit", "crash", "sandbox_error")
+NO_PROGRAM = "no program in the completion"  # the detail of a completion that had nothing to run
 HEAD_BYTES = 4096  # stdout / stderr kept in a result
 
 
@@ -159,7 +160,7 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
     futures = {k: pool.submit(p, t.tests, t.entry_point) for k, (p, t) in enumerate(zip(programs, tasks, strict=True))
                if p is not None}
     return [futures[k].result() if k in futures else
-            CodeResult(False, "failed", 0.0, "no program in the completion", pool.isolation)
+            CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation)
             for k in range(len(completions))]
 
 
@@ -173,7 +174,7 @@ def score_code(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Code
     for r in results:
         counts[r.reason] = counts.get(r.reason, 0) + 1
     counts["timeouts"] = counts["timeout"]
-    counts["no_answer"] = sum(r.detail == "no program in the completion" and r.seconds == 0.0 for r in results)
+    counts["no_answer"] = sum(r.detail == NO_PROGRAM for r in results)
     return rewards, counts
 
 

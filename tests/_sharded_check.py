@@ -5,7 +5,9 @@ Prints one JSON line: {mesh: {"forward": max_abs_diff, "params": max_abs_diff, "
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import chex
+
+chex.set_n_cpu_devices(8)  # replaces any device count in XLA_FLAGS; raises if JAX has already started
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import dataclasses  # noqa: E402

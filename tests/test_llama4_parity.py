@@ -3,6 +3,7 @@ round trip, and the dense / ragged MoE dispatch paths against each other."""
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,8 +80,7 @@ def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
     save_hf_checkpoint(params, cfg, tmp_path / "out")
     params2, cfg2 = load_hf_checkpoint(tmp_path / "out")
     assert cfg2 == cfg
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        assert np.array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(params, params2, strict=True)  # same structure, shapes, dtypes and bits
     src = load_file(tmp_path / "src" / "model.safetensors")
     out = load_file(tmp_path / "out" / "model.safetensors")
     assert set(src) == set(out)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,8 +44,7 @@ def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
     save_hf_checkpoint(params, cfg, tmp_path / "out")
     params2, cfg2 = load_hf_checkpoint(tmp_path / "out")
     assert cfg2 == cfg
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(params, params2, strict=True)  # same structure, shapes, dtypes and bits
     # the HF tensors themselves are bitwise equal to the source checkpoint
     src, out = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert set(src) == set(out)
@@ -64,8 +64,7 @@ def test_sharded_checkpoint_and_bf16(tmp_path):
     index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     params2, _ = load_hf_checkpoint(tmp_path / "sharded")
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        assert np.array_equal(a, b)
+    chex.assert_trees_all_equal(params, params2, strict=True)
     save_hf_checkpoint(params, cfg, tmp_path / "bf16", dtype="bfloat16")
     cfg_json = json.loads((tmp_path / "bf16" / "config.json").read_text())
     assert cfg_json["torch_dtype"] == "bfloat16"

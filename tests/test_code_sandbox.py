@@ -108,7 +108,8 @@ def test_infinite_loop_is_killed_on_time_and_leaves_nothing(sandbox):
 
 def test_fork_bomb_is_bounded_by_the_process_limit_and_killed(sandbox):
     marker = f"bomb{secrets.token_hex(4)}"
-    prog = _name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    prog = _name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \
+                                "        pass\n"
     peak, done = [0], threading.Event()
 
     def watch():

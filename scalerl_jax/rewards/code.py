@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -122,6 +124,40 @@ class CodeResult:
                 "isolation": self.isolation, "detail": self.detail}
 
 
+def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, rc: int, isolation: str,
+                 cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
+    """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
+    ``"output"``, ``"memory"`` or ``"flood"``, a program writing into the verdict pipe), else the harness's
+    ``(reason, detail)`` verdict, else a sandbox that never started (``sandbox_error``), else how the run ended
+    (``rc``: the exit status of bubblewrap or the fallback launcher, ``128 + signal`` for a signal, ``124`` for the
+    launcher's own clock)."""
+
+    def result(reason: str, detail: str) -> CodeResult:
+        return CodeResult(reason == "passed", reason, seconds, detail, isolation, stdout, stderr)
+
+    limits = {"timeout": ("timeout", f"over the {cfg.timeout_s:g} s wall clock"),
+              "output": ("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr"),
+              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together"),
+              "flood": ("crash", "the program wrote into the harness's verdict pipe")}
+    if killed is not None:
+        return result(*limits[killed])
+    if verdict is not None:
+        return result(verdict[0] if verdict[0] in REASONS else "crash", verdict[1])
+    if not started:
+        return result("sandbox_error", "the sandbox did not start: " + stderr[-600:])
+    sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
+    if rc == 124 and isolation != "bwrap":
+        return result(*limits["timeout"])
+    if sig == signal.SIGXCPU:
+        return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
+    if sig == signal.SIGXFSZ:
+        return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
+    if sig:
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        return result("crash", f"killed by {name} before the tests finished")
+    return result("crash", f"exited with code {rc} before the tests finished")
+
+
 def run_program(program: str, tests: str, entry_point: str | None = None,
                 config: SandboxConfig | None = None) -> CodeResult:
     """Run one program and its tests in a fresh :class:`~scalerl_jax.rewards.sandbox.Sandbox` (the isolation probe
@@ -157,11 +193,12 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
         raise ValueError(f"code_results: {len(completions)} completions for {len(tasks)} tasks")
     pool = pool or default_pool()
     programs = [extract_program(c, t.code_prefix, t.entry_point) for c, t in zip(completions, tasks, strict=True)]
-    futures = {k: pool.submit(p, t.tests, t.entry_point) for k, (p, t) in enumerate(zip(programs, tasks, strict=True))
-               if p is not None}
-    return [futures[k].result() if k in futures else
-            CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation)
-            for k in range(len(completions))]
+    from scalerl_jax.rewards.code_pool import CodeJob
+
+    runs = [k for k, p in enumerate(programs) if p is not None]
+    ran = dict(zip(runs, pool.map([CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k in runs]),
+                   strict=True))
+    return [ran.get(k) or CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation) for k in range(len(programs))]
 
 
 def score_code(completions: Sequence[str], tasks: Sequence[CodeTask], pool: CodePool | None = None

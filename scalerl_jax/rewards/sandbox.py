@@ -6,26 +6,22 @@ One run (:meth:`Sandbox.run`) goes through three processes:
    then execs bubblewrap or, in the rlimits fallback, forks the runner in a new session as a child subreaper,
    enforces the wall clock and kills every process the run left behind;
 2. **bubblewrap**: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
-   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter (its
-   executable, standard library and ``libpython``; ``site-packages`` hidden under empty tmpfs) and the system
-   libraries, a private ``/proc`` and ``/dev``, and fresh size-capped tmpfs at ``/tmp``, ``/dev/shm`` and the
-   scratch directory ``/sandbox`` (everything else is read-only). Nothing else of the host is visible, and there
-   is no network;
+   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter
+   (``site-packages`` hidden) and the system libraries, a private ``/proc`` and ``/dev``, fresh size-capped tmpfs
+   at ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network;
 3. the **runner** (``python -I -S -c <_runner>``, the trusted harness inside): reads the job (program, tests,
-   entry point, limits, a random nonce) from stdin and points stdin at ``/dev/null``, sets the rlimits (CPU,
-   address space, processes, file size, open files, no core), executes the program, then the tests, and only then
-   writes the verdict, keyed by the nonce, to a pipe. stdout and stderr are never parsed.
+   entry point, limits, a random nonce) from stdin, sets the rlimits (CPU, address space, processes, file size,
+   open files, no core), runs the program, then the tests, and only then writes the verdict, keyed by the nonce,
+   to a pipe. stdout and stderr are never parsed.
 
-From outside, the trainer enforces the wall clock (killing the launcher's process group: bubblewrap's pid
-namespace dies with it), caps stdout/stderr (``output_limit``), and samples the resident memory of the run's
-whole process tree (over ``memory_mb`` together: ``memory``).
+From outside, the trainer kills the launcher's process group at the wall clock (bubblewrap's pid namespace dies
+with it), caps stdout/stderr, and samples the resident memory of the run's whole process tree.
 
 Root. ``RLIMIT_NPROC`` does not bind uid 0 and a root program could signal the trainer, so as root every run gets
 its own unused uid (:func:`_uid_pool`). Interpreter paths that uid cannot reach (a pyenv under ``/root``) are made
 reachable in the launcher's private mount namespace only: the blocking directory is covered by a tmpfs holding
-bind mounts of exactly those paths. After an abnormal end every process of that uid is killed.
-
-What the sandbox does not stop is listed in :mod:`scalerl_jax.rewards.code`.
+bind mounts of exactly those paths. After an abnormal end every process of that uid is killed. What the sandbox
+does not stop is listed in :mod:`scalerl_jax.rewards.code`.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ import time
 import weakref
 from typing import NamedTuple
 
-from scalerl_jax.rewards.code import HEAD_BYTES, REASONS, CodeResult, SandboxConfig
+from scalerl_jax.rewards.code import HEAD_BYTES, CodeResult, SandboxConfig, classify_run
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +78,10 @@ def _runner() -> None:
     import sys
 
     fd = int(sys.argv[1])
-    parts = []
-    while chunk := os.read(0, 1 << 20):
-        parts.append(chunk)
-    job = json.loads(b"".join(parts))
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    with open(0, "rb", closefd=False) as f:
+        job = json.loads(f.read())
+    with open("/dev/null", "rb") as f:
+        os.dup2(f.fileno(), 0)
     lim = job["limits"]
     if lim is not None:
         # RLIMIT_NPROC counts every task of the real uid (the sandbox's in bwrap, the user's in the fallback), so the
@@ -111,7 +104,7 @@ def _runner() -> None:
     # The verdict is built from bytes with pre-bound primitives (no json, no module lookups at write time), so a
     # program that monkeypatches modules cannot rewrite it.
     prefix = job["nonce"].encode() + b"\t"
-    del job, parts
+    del job
     write, encode, exit_, suppress, flush_streams = os.write, str.encode, os._exit, contextlib.suppress, (
         sys.stdout, sys.stderr)
 
@@ -129,9 +122,7 @@ def _runner() -> None:
             text = str.__str__(str(e))[:500]
         except BaseException:  # noqa: BLE001 -- an exception of the program's own making
             text = "<unprintable>"
-        where, tb = "", e.__traceback__
-        if isinstance(e, SyntaxError) and e.filename in src:
-            where = f" ({e.filename} line {e.lineno})"
+        where, tb = (f" ({e.filename} line {e.lineno})" if isinstance(e, SyntaxError) else ""), e.__traceback__
         while tb is not None:
             name = tb.tb_frame.f_code.co_filename
             if name in src:
@@ -181,8 +172,7 @@ def _launcher() -> None:
 
     def ok(ret: int, what: str) -> None:
         if ret != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
     uid, status_fd = c["uid"], c["status_fd"]
     os.umask(0o022)
@@ -202,14 +192,14 @@ def _launcher() -> None:
                 os.close(pfd)
 
     def drop() -> None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
 
     if c["mode"] == "bwrap":
-        if uid is not None:
-            drop()
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
+        drop()
         os.execv(c["argv"][0], c["argv"])
 
     libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come back to us to be killed
@@ -218,9 +208,7 @@ def _launcher() -> None:
         try:
             os.setsid()
             os.close(status_fd)
-            if uid is not None:
-                drop()
-            libc.prctl(1, signal.SIGKILL)
+            drop()
             os.chdir(c["scratch"])
             os.execve(c["argv"][0], c["argv"], c["env"])
         except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
@@ -289,10 +277,9 @@ def _cover(paths: list[str]) -> list[str]:
 @functools.cache
 def _interpreter() -> _Interpreter:
     exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    probe = "import json, sys, sysconfig; print(json.dumps([sys.path, sysconfig.get_config_var('LIBDIR'), " \
-            "sysconfig.get_config_var('LDLIBRARY')]))"
-    r = subprocess.run([exe, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60, env={},
-                       check=False)
+    probe = "import json, sys, sysconfig as c; print(json.dumps([sys.path, *map(c.get_config_var, ['LIBDIR', " \
+            "'LDLIBRARY'])]))"
+    r = subprocess.run([exe, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60, env={}, check=False)
     if r.returncode != 0:
         raise SandboxError(f"cannot start {exe} -I -S: {r.stderr[-500:]}")
     path, libdir, ldlib = json.loads(r.stdout)
@@ -407,7 +394,6 @@ class Sandbox:
         self._reach: dict[str, list] = {}
         self.isolation = self._resolve(self.config.isolation)
 
-    # -- isolation -------------------------------------------------------------------------------------------------
     def describe(self) -> str:
         """One line: the active isolation and whose uid the programs run as."""
         who = "a fresh uid per run" if self._uids is not None and self.isolation != "none" else "the trainer's uid"
@@ -475,7 +461,6 @@ class Sandbox:
             a += ["--size", size, "--tmpfs", d]
         return a + ["--remount-ro", "/dev", "--chdir", "/sandbox", "--remount-ro", "/", "--"]
 
-    # -- runs ------------------------------------------------------------------------------------------------------
     def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:
         """Run ``program``, then ``tests`` in its namespace (plain asserts; with ``entry_point``, the tests'
         ``check(candidate)`` is called with the program's function of that name). Never raises: any failure of
@@ -528,7 +513,10 @@ class Sandbox:
                     os.close(fd)
             deadline = t0 + cfg.timeout_s + (0.0 if mode == "bwrap" else _FALLBACK_GRACE_S)
             killed, head = _collect(proc, vr, sr, deadline, cfg)
-            return _judge(killed, head, proc.returncode, nonce, mode, cfg, time.monotonic() - t0)
+            started = b'"child-pid"' in head["status"] or b'"started"' in head["status"]  # bwrap's, or ours
+            out, err = (head[k].decode("utf-8", "replace") for k in ("stdout", "stderr"))
+            return classify_run(killed, _read_verdict(bytes(head["verdict"]), nonce), started, proc.returncode, mode,
+                                cfg, time.monotonic() - t0, out, err)
         finally:
             os.close(vr)
             os.close(sr)
@@ -597,47 +585,16 @@ def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cfg: San
                     killed = "output"
                 elif name == "verdict" and total[name] > _VERDICT_MAX:
                     killed = "flood"
-        if killed is not None:
-            _kill_group(proc)
-        else:
-            proc.wait()  # it has exited: pidfd was readable
+        _kill_group(proc) if killed is not None else proc.wait()  # without a kill, it has exited (pidfd readable)
     finally:
         os.close(pidfd)
     return killed, head
 
 
-def _judge(killed: str | None, head: dict, rc: int, nonce: str, mode: str, cfg: SandboxConfig,
-           seconds: float) -> CodeResult:
-    """The result of a finished run: a limit we enforced, else the harness's verdict, else how the run ended."""
-
-    def result(reason: str, detail: str) -> CodeResult:
-        return CodeResult(reason == "passed", reason, seconds, detail, mode,
-                          head["stdout"].decode("utf-8", "replace"), head["stderr"].decode("utf-8", "replace"))
-
-    if killed == "timeout":
-        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
-    if killed == "output":
-        return result("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr")
-    if killed == "memory":
-        return result("memory", f"the run's processes held over {cfg.memory_mb} MB together")
-    if killed == "flood":
-        return result("crash", "the program wrote into the harness's verdict pipe")
-    key = nonce.encode()
-    for line in bytes(head["verdict"]).split(b"\n"):
+def _read_verdict(raw: bytes, nonce: str) -> tuple[str, str] | None:
+    """The harness's ``(reason, detail)``: the first line of the verdict pipe keyed by this run's nonce, or None."""
+    for line in raw.split(b"\n"):
         parts = line.split(b"\t", 2)
-        if len(parts) == 3 and hmac.compare_digest(parts[0], key):
-            reason = parts[1].decode("ascii", "replace")
-            return result(reason if reason in REASONS else "crash", parts[2].decode("utf-8", "replace"))
-    if b'"child-pid"' not in head["status"] and b'"started"' not in head["status"]:
-        return result("sandbox_error", "the sandbox did not start: " + head["stderr"][-600:].decode("utf-8", "replace"))
-    sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
-    if rc == 124 and mode != "bwrap":  # the fallback launcher's own clock
-        return result("timeout", f"over the {cfg.timeout_s:g} s wall clock")
-    if sig == signal.SIGXCPU:
-        return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
-    if sig == signal.SIGXFSZ:
-        return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
-    if sig:
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        return result("crash", f"killed by {name} before the tests finished")
-    return result("crash", f"exited with code {rc} before the tests finished")
+        if len(parts) == 3 and hmac.compare_digest(parts[0], nonce.encode()):
+            return parts[1].decode("ascii", "replace"), parts[2].decode("utf-8", "replace")
+    return None

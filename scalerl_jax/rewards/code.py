@@ -17,7 +17,7 @@ nonce, never read from the program's output.
 
 Reasons (:data:`REASONS`): ``passed``; ``failed`` (an assert or exception in the program or its tests, with the
 message and line in ``detail``); ``timeout`` (wall clock or CPU limit); ``memory`` (a MemoryError under the
-address-space limit); ``output_limit`` (more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the run
+address-space limit, or the run's processes together over ``memory_mb``); ``output_limit`` (more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the run
 ended before a verdict: ``os._exit``, a signal, a closed harness); ``sandbox_error`` (the machinery failed).
 
 What the sandbox does not stop:
@@ -25,10 +25,16 @@ What the sandbox does not stop:
 - The rlimits fallback has no namespaces: the program sees the host's file system (as a fresh uid when the
   trainer is root; otherwise as the trainer's own user, whose files and processes it can then reach) and the
   network. It exists so that runs do not stop, and says so in every result and in a warning.
+- The rlimits fallback's scratch directory is on the host's disk, and world-writable directories (``/tmp``) are
+  writable there; only file size is capped.
 - The harness shares an interpreter with the program it judges (HumanEval's ``check`` calls the program's
-  functions), so a program that deliberately inspects the harness's frames can forge a verdict. The nonce stops
-  blind forgery (printed lines, closed streams, early exits, writes to guessed descriptors); the sandbox, not the
-  verdict, protects the host.
+  functions), so a program that deliberately inspects the harness's frames, returns objects equal to anything or
+  monkeypatches modules the tests use can fake a pass. The nonce stops blind forgery (printed lines, closed
+  streams, early exits, writes to guessed descriptors), and the tests' ``check`` cannot be swapped through the
+  program's globals; the sandbox, not the verdict, protects the host.
+- No seccomp filter: inside the namespaces the kernel's whole system-call surface is reachable.
+- ``RLIMIT_AS`` binds each process exactly; the run's total is sampled every 0.25 s, so a burst can exceed
+  ``memory_mb`` briefly (never ``max_procs * memory_mb``).
 
 Batches go through a bounded pool of workers (:class:`~scalerl_jax.rewards.code_pool.CodePool`), so code rewards
 run beside generation and one slow program holds one worker for at most its own timeout.

@@ -29,6 +29,7 @@ def _measure(pool, jobs) -> tuple[float, float]:
 
 
 def main() -> None:
+    """Measure every cell and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", type=int, default=64, help="runs per cell")
     ap.add_argument("--workers", type=int, default=4, help="CodePool workers")

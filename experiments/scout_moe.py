@@ -14,7 +14,8 @@ the RoPE layers. Train rows carry the router statistics (``router_load_e*``, ``r
 ``router_dropped_frac``). ``scout`` is RECIPE.md's recipe on Scout shapes with 16 trainer devices whose expert
 axis spans all 16 (expert parallelism: shard_map + all_to_all + ragged_dot; capacity factor 2).
 
-Every flag of ``experiments.math_8b`` works here (``--variant``, ``--set``, ``--resume``, ``--seed``, ...).
+Every flag of ``experiments.math_8b`` works here (``--variant``, ``--resume``, ``--seed``, every config field such as
+``--model.moe-capacity-factor 2`` or ``--set model.moe_capacity_factor=2``, ...); ``--help`` lists them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from experiments.presets import MOE_PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``--help``); returns the exit status."""
     return _main(argv, presets=MOE_PRESETS, real_preset="scout", cpu_preset="tiny_moe",
                  prog="python -m experiments.scout_moe", doc=__doc__)
 

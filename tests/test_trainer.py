@@ -67,6 +67,9 @@ class RecordingGenerator:
         self.pushes.append(int(version))
         self.engine.update_weights(weights, version)
 
+    def reseed(self, seed):
+        self.engine.reseed(seed)
+
     @property
     def weight_version(self):
         return self.engine.weight_version

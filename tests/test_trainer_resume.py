@@ -188,6 +188,9 @@ def test_ppo_checkpoints_continue_after_a_skipped_update(tmp_path):
         def update_weights(self, weights, version):
             self.engine.update_weights(weights, version)
 
+        def reseed(self, seed):
+            self.engine.reseed(seed)
+
         @property
         def weight_version(self):
             return self.engine.weight_version

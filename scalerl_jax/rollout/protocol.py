@@ -111,3 +111,9 @@ class Generator(Protocol):
 
     @property
     def weight_version(self) -> int: ...
+
+    def reseed(self, seed: int) -> None:
+        """Make sampling deterministic from here on: the same requests after the same ``reseed`` give the same
+        completions (the embedded engine; an SGLang fleet samples on its servers, so there only the client's own
+        draws, such as thinking budgets, are re-seeded)."""
+        ...

@@ -32,16 +32,6 @@ from scalerl_jax.train.rl_batch import batch_is_finite, build_train_batch
 from scalerl_jax.train.step import TrainState
 
 
-def reseed_engine(engine: Any, seed: int) -> None:
-    """Deterministic sampling from here on (PPO-off-policy resume with the embedded engine is bit-identical because
-    of this; an SGLang fleet samples on its servers, so only the client's own draws are re-seeded)."""
-    if hasattr(engine, "reseed"):
-        engine.reseed(seed)
-    else:
-        engine._rng = np.random.default_rng(seed)
-        engine._key = jax.random.PRNGKey(seed)
-
-
 @dataclasses.dataclass
 class Counters:
     compute_s: float = 0.0
@@ -149,7 +139,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         if self.eval_generator is not self.generator:  # one fleet for both already holds self.version
             self.eval_generator.update_weights(self.core.generator_params(), self.version)
-        reseed_engine(self.eval_generator, 10_000 + self.tcfg.seed * 7919 + int(self.state.step))
+        self.eval_generator.reseed(10_000 + self.tcfg.seed * 7919 + int(self.state.step))
         val = self.data.val
         groups, rewards, _, n_tok, counts = self.eval_producer.generate_and_score(val)
         flat = np.concatenate(rewards) if rewards else np.zeros(0)
@@ -308,7 +298,7 @@ class RLTrainer:
     def _ppo_round(self, t_clock) -> None:
         """PPO-off-policy-k: k batches from the current policy, then k updates; weights pushed after."""
         step = int(self.state.step)
-        reseed_engine(self.generator, self.tcfg.seed * 1_000_003 + step)
+        self.generator.reseed(self.tcfg.seed * 1_000_003 + step)
         t0 = time.perf_counter()
         batches = [self.producer.produce(step + j) for j in range(self.rcfg.k)]
         self.counters.generator_busy_s += time.perf_counter() - t0

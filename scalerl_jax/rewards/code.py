@@ -44,132 +44,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+from scalerl_jax.rewards.code_types import (  # noqa: F401  (re-exported: the reward's public names)
+    HEAD_BYTES,
+    ISOLATIONS,
+    NO_PROGRAM,
+    REASONS,
+    CodeResult,
+    Isolation,
+    SandboxConfig,
+    classify_run,
+)
+from scalerl_jax.rewards.sandbox import Sandbox, SandboxError
+
 if TYPE_CHECKING:
     from scalerl_jax.data.code_tasks import CodeTask
-    from scalerl_jax.rewards.code_pool import CodePool
-
-Isolation = Literal["auto", "bwrap", "rlimits", "none"]
-ISOLATIONS = ("auto", "bwrap", "rlimits", "none")
-REASONS = ("passed", "failed", "timeout", "memory", "output_limit", "crash", "sandbox_error")
-NO_PROGRAM = "no program in the completion"  # the detail of a completion that had nothing to run
-HEAD_BYTES = 4096  # stdout / stderr kept in a result
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits and isolation of the code sandbox (one run = one program plus its tests).
-
-    ``timeout_s`` is the wall clock of a whole run (start-up included); ``cpu_s`` the CPU seconds of each process
-    (``RLIMIT_CPU``, rounded up); ``memory_mb`` each process's address space; ``max_procs`` the processes and
-    threads a run may add; ``max_file_mb`` the largest file it may write and the size of each of its two tmpfs
-    (``/sandbox``, ``/tmp``); ``max_open_files`` its descriptors; ``max_output_bytes`` the most it may print on
-    stdout or on stderr before it is killed. ``isolation``: ``"auto"`` (bubblewrap, else rlimits with a warning),
-    ``"bwrap"`` or ``"rlimits"`` (refuse to start without it), ``"none"`` (unsandboxed: only the wall clock and
-    the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
-    :class:`~scalerl_jax.rewards.code_pool.CodePool`.
-    """
-
-    timeout_s: float = 10.0
-    cpu_s: float = 10.0
-    memory_mb: int = 1024
-    max_procs: int = 16
-    max_file_mb: int = 16
-    max_open_files: int = 64
-    max_output_bytes: int = 1 << 20
-    isolation: Isolation = "auto"
-    workers: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_open_files",
-                     "max_output_bytes", "workers"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.max_open_files < 16:
-            raise ValueError(f"SandboxConfig.max_open_files must be >= 16 (the interpreter needs some), got "
-                             f"{self.max_open_files}")
-        if self.memory_mb < 64:
-            raise ValueError(f"SandboxConfig.memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
-        if self.isolation not in ISOLATIONS:
-            raise ValueError(f"SandboxConfig.isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
-        if self.workers > 1024:
-            raise ValueError(f"SandboxConfig.workers must be <= 1024, got {self.workers}")
-
-
-@dataclass(frozen=True)
-class CodeResult:
-    """The outcome of one run. ``reason`` is one of :data:`REASONS`; ``detail`` says more (the failing assert and
-    its line, the signal, the limit); ``isolation`` is what the run actually ran under (``"bwrap"``, ``"rlimits"``,
-    ``"none"``); ``stdout`` / ``stderr`` are the first :data:`HEAD_BYTES` of each, kept for reading, never used to
-    judge."""
-
-    passed: bool
-    reason: str
-    seconds: float
-    detail: str = ""
-    isolation: str = ""
-    stdout: str = ""
-    stderr: str = ""
-
-    def to_json(self) -> dict:
-        """The result as a JSON-ready dict."""
-        return asdict(self)
-
-    def summary(self) -> dict:
-        """What the command line prints: passed, reason, seconds, isolation, detail."""
-        return {"passed": self.passed, "reason": self.reason, "seconds": round(self.seconds, 4),
-                "isolation": self.isolation, "detail": self.detail}
-
-
-def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, rc: int, isolation: str,
-                 cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
-    """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
-    ``"output"``, ``"memory"`` or ``"flood"``, a program writing into the verdict pipe), else the harness's
-    ``(reason, detail)`` verdict, else a sandbox that never started (``sandbox_error``), else how the run ended
-    (``rc``: the exit status of bubblewrap or the fallback launcher, ``128 + signal`` for a signal, ``124`` for the
-    launcher's own clock)."""
-
-    def result(reason: str, detail: str) -> CodeResult:
-        return CodeResult(reason == "passed", reason, seconds, detail, isolation, stdout, stderr)
-
-    limits = {"timeout": ("timeout", f"over the {cfg.timeout_s:g} s wall clock"),
-              "output": ("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr"),
-              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together"),
-              "flood": ("crash", "the program wrote into the harness's verdict pipe")}
-    if killed is not None:
-        return result(*limits[killed])
-    if verdict is not None:
-        return result(verdict[0] if verdict[0] in REASONS else "crash", verdict[1])
-    if not started:
-        return result("sandbox_error", "the sandbox did not start: " + stderr[-600:])
-    sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
-    if rc == 124 and isolation != "bwrap":
-        return result(*limits["timeout"])
-    if sig == signal.SIGXCPU:
-        return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
-    if sig == signal.SIGXFSZ:
-        return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
-    if sig:
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        return result("crash", f"killed by {name} before the tests finished")
-    return result("crash", f"exited with code {rc} before the tests finished")
-
 
 def run_program(program: str, tests: str, entry_point: str | None = None,
                 config: SandboxConfig | None = None) -> CodeResult:
     """Run one program and its tests in a fresh :class:`~scalerl_jax.rewards.sandbox.Sandbox` (the isolation probe
     is cached per process). For many programs use a :class:`~scalerl_jax.rewards.code_pool.CodePool`."""
-    from scalerl_jax.rewards.sandbox import Sandbox
-
     return Sandbox(config).run(program, tests, entry_point)
 
 
@@ -182,8 +83,6 @@ def default_pool() -> CodePool:
     global _default
     with _default_lock:
         if _default is None:
-            from scalerl_jax.rewards.code_pool import CodePool
-
             _default = CodePool(SandboxConfig())
         return _default
 
@@ -199,8 +98,6 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
         raise ValueError(f"code_results: {len(completions)} completions for {len(tasks)} tasks")
     pool = pool or default_pool()
     programs = [extract_program(c, t.code_prefix, t.entry_point) for c, t in zip(completions, tasks, strict=True)]
-    from scalerl_jax.rewards.code_pool import CodeJob
-
     runs = [k for k, p in enumerate(programs) if p is not None]
     ran = dict(zip(runs, pool.map([CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k in runs]),
                    strict=True))
@@ -244,8 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = SandboxConfig(timeout_s=a.timeout, cpu_s=a.timeout, memory_mb=a.memory_mb, isolation=a.isolation)
     except ValueError as e:
         ap.error(str(e))
-    from scalerl_jax.rewards.sandbox import SandboxError
-
     try:
         result = run_program(texts[0], texts[1], a.entry_point, cfg)
     except SandboxError as e:

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple, Self
 
-from scalerl_jax.rewards.code import REASONS, CodeResult, SandboxConfig
+from scalerl_jax.rewards.code_types import REASONS, CodeResult, SandboxConfig
 from scalerl_jax.rewards.sandbox import Sandbox
 
 # A worker whose run overshoots its own wall clock by this much is considered lost (a bug in the machinery, not a

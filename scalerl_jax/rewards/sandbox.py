@@ -49,7 +49,7 @@ import time
 import weakref
 from typing import NamedTuple
 
-from scalerl_jax.rewards.code import HEAD_BYTES, CodeResult, SandboxConfig, classify_run
+from scalerl_jax.rewards.code_types import HEAD_BYTES, CodeResult, SandboxConfig, classify_run
 
 log = logging.getLogger(__name__)
 

@@ -35,10 +35,10 @@ import numpyro.distributions as dist
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 from numpyro.infer.hmc import hmc
 
-from .checks import ScalingFitWarning, check_curve, check_R0
+from .checks import ScalingFitWarning, check_fit_data
 from .law import sigmoid_reward
 
-__all__ = ["SigmoidPosterior", "fit_bayes", "fit_bayes_batch", "RHAT_WARN"]
+__all__ = ["RHAT_WARN", "SigmoidPosterior", "fit_bayes", "fit_bayes_batch"]
 
 RHAT_WARN = 1.01
 B_PRIOR_LOC = float(np.log(1.5))
@@ -249,25 +249,19 @@ class _Prepared:
 
 
 def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="fit_bayes") -> _Prepared:
-    c, r = check_curve(compute, reward, name=name)
-    n_all = c.size
-    keep = c >= exclude_below
-    c, r = c[keep], r[keep]
-    if c.size < 5:
-        raise ValueError(f"{name}: only {c.size} points at compute >= exclude_below={exclude_below:g}; need 5")
+    # stacklevel 4: a flat-curve warning names fit_bayes' line, not this helper's
+    c, r, r0_value, keep = check_fit_data(compute, reward, R0, exclude_below=exclude_below, name=name,
+                                          allow_fitted_R0=True, stacklevel=4)
     if (n_prompts is None) != (k_samples is None):
         raise ValueError(f"{name}: pass both n_prompts and k_samples (val_n, val_k) or neither")
-    n_p = _per_point(n_prompts, n_all, "n_prompts")
-    k_s = _per_point(k_samples, n_all, "k_samples")
+    n_p = _per_point(n_prompts, keep.size, "n_prompts")
+    k_s = _per_point(k_samples, keep.size, "k_samples")
     counts = n_p is not None
-    r0_value = None if R0 is None else check_R0(R0)
     if A is not None:
         A = float(A)
         if not (r0_value if r0_value is not None else 0.0) <= A <= 1.0:
             raise ValueError(f"{name}: fixed A={A} must lie in [R0, 1]")
     pos = c > 0
-    if not np.any(pos):
-        raise ValueError(f"{name}: no point has positive compute")
     c_min, c_max = float(c[pos].min()), float(c.max())
     columns = {
         "logc": np.log(np.where(pos, c, 1.0)),

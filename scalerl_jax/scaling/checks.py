@@ -16,14 +16,15 @@ class ScalingFitWarning(UserWarning):
     """A fit ran but its result should not be trusted as is (flat curve, grid edge, poor mixing)."""
 
 
-def check_curve(compute, reward, *, name: str = "curve", min_points: int = MIN_POINTS):
+def check_curve(compute, reward, *, name: str = "curve", min_points: int = MIN_POINTS, stacklevel: int = 3):
     """Validate one reward-vs-compute curve and return it as two float64 arrays.
 
     Raises ValueError, naming the problem, for: mismatched or non 1-D shapes, fewer than
     ``min_points`` points, NaN or infinite values, negative compute, compute that does not strictly
     increase, and rewards outside [0, 1] (val_reward is a pass rate; training rewards are +-1).
     Warns (ScalingFitWarning) when the curve is flat, because then the ceiling and the exponent
-    are not identifiable and any fit only restates the prior or the grid's edge.
+    are not identifiable and any fit only restates the prior or the grid's edge. ``stacklevel`` is the
+    warning's, counted from here (the default names the caller's caller: the fit that checked its data).
     """
     c = np.asarray(compute, dtype=float)
     r = np.asarray(reward, dtype=float)
@@ -57,7 +58,7 @@ def check_curve(compute, reward, *, name: str = "curve", min_points: int = MIN_P
             f"{name}: reward is flat (spread {np.ptp(r):.4f} over {r.size} points); A, B and C_mid are not "
             "identifiable from it and the fit mostly reflects the grid or the prior",
             ScalingFitWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return c, r
 
@@ -71,3 +72,29 @@ def check_R0(R0, name: str = "R0") -> float:
     if not np.isfinite(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be finite and in [0, 1), got {value}")
     return value
+
+
+def check_fit_data(compute, reward, R0, *, exclude_below: float = 0.0, name: str, allow_fitted_R0: bool = False,
+                   stacklevel: int = 3):
+    """The checks every sigmoid fit (grid and posterior) runs on its inputs, in one place.
+
+    ``check_curve`` on the whole curve, then ``check_R0`` on R0 (None passes through when
+    ``allow_fitted_R0``: the fit samples R0 then), then the points at compute >= ``exclude_below``:
+    at least MIN_POINTS of them, and at least one with positive compute (the law is a sigmoid in log
+    compute, so only positive compute carries information about B and C_mid).
+
+    Returns (compute, reward, R0, keep): the kept points as float64 arrays, R0 as a float (or None), and
+    ``keep``, the mask of kept points over the whole curve (for per-point inputs given for every row).
+    ``stacklevel`` goes to ``check_curve``; the default 3 points the flat-curve warning at this one's caller.
+    """
+    c, r = check_curve(compute, reward, name=name, stacklevel=stacklevel)
+    R0 = None if R0 is None and allow_fitted_R0 else check_R0(R0)
+    keep = c >= exclude_below
+    if keep.sum() < MIN_POINTS:
+        raise ValueError(
+            f"{name}: only {int(keep.sum())} points at compute >= exclude_below={exclude_below:g}; need {MIN_POINTS}"
+        )
+    c, r = c[keep], r[keep]
+    if not np.any(c > 0):
+        raise ValueError(f"{name}: no point has positive compute")
+    return c, r, R0, keep

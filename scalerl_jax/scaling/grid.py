@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checks import ScalingFitWarning, check_curve, check_R0
+from .checks import ScalingFitWarning, check_fit_data
 from .law import sigmoid_reward
 
-__all__ = ["SigmoidFit", "fit_grid", "fit_grid_scipy", "grid_ranges", "PAPER_A_GRID", "PAPER_C_MID_GRID"]
+__all__ = ["PAPER_A_GRID", "PAPER_C_MID_GRID", "SigmoidFit", "fit_grid", "fit_grid_scipy", "grid_ranges"]
 
 # RECIPE.md section 1: A in {0.450, 0.455, ..., 0.800}; C_mid in 100 linearly spaced values in [100, 40000].
 PAPER_A_GRID = np.round(np.arange(0.450, 0.800 + 1e-9, 0.005), 3)
@@ -119,18 +119,6 @@ def _grid_search(logc_N, pos_N, r_N, R0, a_G, logcm_H):
     return jax.lax.map(per_a, a_G)
 
 
-def _prepare(compute, reward, R0, exclude_below, name):
-    c, r = check_curve(compute, reward, name=name)
-    R0 = check_R0(R0)
-    keep = c >= exclude_below
-    if keep.sum() < 5:
-        raise ValueError(f"{name}: only {int(keep.sum())} points at compute >= exclude_below={exclude_below:g}; need 5")
-    c, r = c[keep], r[keep]
-    if not np.any(c > 0):
-        raise ValueError(f"{name}: no point has positive compute")
-    return c, r, R0
-
-
 def fit_grid(
     compute,
     reward,
@@ -152,7 +140,7 @@ def fit_grid(
     B is searched in [0.02, 20] (log-spaced scan, then golden section; all grid points at once).
     Warns (ScalingFitWarning) when the best A or C_mid sits on the edge of its grid.
     """
-    c, r, R0 = _prepare(compute, reward, R0, exclude_below, "fit_grid")
+    c, r, R0, _ = check_fit_data(compute, reward, R0, exclude_below=exclude_below, name="fit_grid")
     a_grid, c_grid, kind = grid_ranges(c, r, R0, grid)
     if A_grid is not None:
         a_grid, kind = np.atleast_1d(np.asarray(A_grid, dtype=float)), "custom"
@@ -197,7 +185,7 @@ def fit_grid_scipy(compute, reward, R0, *, exclude_below: float = 0.0, grid: str
     """
     from scipy.optimize import curve_fit
 
-    c, r, R0 = _prepare(compute, reward, R0, exclude_below, "fit_grid_scipy")
+    c, r, R0, _ = check_fit_data(compute, reward, R0, exclude_below=exclude_below, name="fit_grid_scipy")
     a_grid, c_grid, kind = grid_ranges(c, r, R0, grid)
     best = (np.inf, None)
     for A in a_grid:

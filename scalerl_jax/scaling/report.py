@@ -52,6 +52,126 @@ def _caught(fn, *args, sink: list, **kwargs):
     return out
 
 
+def _load_curves(run_dirs, compute_key: str) -> list[RunCurve]:
+    """Read every run's eval curve; names made unique (a second ``run`` becomes ``run_1``)."""
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    if not run_dirs:
+        raise ValueError("fit_runs: no run directories given")
+    curves = [load_run(d, compute_key=compute_key) for d in run_dirs]
+    _unique_names(curves)
+    return curves
+
+
+def _window(curve: RunCurve, fit_until: float, fit_until_compute: float | None, excl: float):
+    """The run's fit window: (mask of fitted points, compute limit); refuses a window with fewer than 5 points."""
+    mask, limit = fit_window(curve, fit_until, fit_until_compute)
+    n_fit = int(np.sum(mask & (curve.compute >= excl)))
+    if n_fit < 5:
+        raise ValueError(
+            f"fit_runs: run {curve.name!r} has {n_fit} eval points in its fit window (compute <= {limit:g}, "
+            f">= {excl:g}); need at least 5, fit on more of the run"
+        )
+    return mask, limit
+
+
+def _fit_posteriors(inputs: dict, notes: dict, *, seed, num_samples, num_chains, num_warmup) -> dict:
+    """fit_bayes on every run's window: {name: SigmoidPosterior}; each run's fit warnings go to ``notes[name]``.
+
+    Runs whose model variants agree (R0 fixed or fitted, counts or not) share one vectorised NUTS run, so one
+    compilation serves them all.
+    """
+    groups = {}
+    for name, d in inputs.items():
+        groups.setdefault(tuple(sorted(d)), []).append(name)
+    posteriors = {}
+    for names in groups.values():
+        sink = []
+        posts = _caught(fit_bayes_batch, [inputs[n] for n in names], seed=seed, num_samples=num_samples,
+                        num_chains=num_chains, num_warmup=num_warmup, sink=sink)
+        for n, p in zip(names, posts):
+            posteriors[n] = p
+            tag = f"fit_bayes_batch[{names.index(n)}]"
+            notes[n] += [m.replace(tag, "fit_bayes") for m in sink if m.startswith(tag)]
+    return posteriors
+
+
+def _held_out(curve: RunCurve, held: np.ndarray, post, target: float) -> dict:
+    """How the prediction fares on the evals after the fit window (the paper's check of the extrapolation)."""
+    pm, plo, phi = post.predict(curve.compute[held])
+    obs = curve.reward[held]
+    last = int(np.argmin(np.abs(curve.compute[held] - target)))
+    return {
+        "n": int(held.sum()),
+        "mean_abs_error": float(np.mean(np.abs(obs - pm))),
+        "fraction_in_90": float(np.mean((obs >= plo) & (obs <= phi))),
+        "compute_nearest_target": float(curve.compute[held][last]),
+        "observed_nearest_target": float(obs[last]),
+        "predicted_nearest_target": float(pm[last]),
+        "error_nearest_target": float(obs[last] - pm[last]),
+    }
+
+
+def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_compute, compute_key: str):
+    """The point fits (grid, power law) of one run beside its posterior, and its summary.json entry.
+
+    Returns (entry, grid fit, power-law fit or None, target compute). The fits' warnings are appended to
+    ``notes``; a power law that cannot be fitted is a note, not an error.
+    """
+    mask, limit = window
+    c_fit, r_fit = curve.compute[mask], curve.reward[mask]
+    grid = _caught(fit_grid, c_fit, r_fit, float(curve.reward[0]), exclude_below=excl, sink=notes)
+    try:
+        power = _caught(fit_power_law, c_fit, r_fit, exclude_below=excl, sink=notes)
+    except (ValueError, RuntimeError) as e:
+        power = None
+        notes.append(f"power law not fitted: {e}")
+    held = ~mask
+    target = float(target_compute) if target_compute else (
+        float(curve.compute.max()) if np.any(held) else 2.0 * limit)
+    mean_t, lo_t, hi_t = (float(v[0]) for v in post.predict([target]))
+    entry = {
+        "path": curve.path,
+        "compute_key": compute_key,
+        "n_points": int(curve.compute.size),
+        "n_fit": int(np.sum(mask & (curve.compute >= excl))),
+        "fit_until_compute": limit,
+        "target_compute": target,
+        "prediction": {"mean": mean_t, "lo": lo_t, "hi": hi_t,
+                       "grid": float(grid.predict(target)),
+                       "power_law": None if power is None else float(power.predict(target))},
+        "bayes": post.to_dict(),
+        "grid": grid.to_dict(),
+        "power_law": None if power is None else power.to_dict(),
+        "warnings": notes,
+    }
+    if np.any(held):
+        entry["held_out"] = _held_out(curve, held, post, target)
+    return entry, grid, power, target
+
+
+def _compare(posteriors: dict, *, seed, num_samples, num_chains) -> tuple[list, list]:
+    """Pairwise posterior comparisons of the runs and, for up to 4 runs, the paper's rule for every pair
+    (A first; B at a shared A when the ceilings agree). Both lists are empty for a single run."""
+    pairwise = pairwise_table(posteriors) if len(posteriors) > 1 else []
+    shared = []
+    if 1 < len(posteriors) <= 4:
+        names = list(posteriors)
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                p1, p2 = posteriors[names[i]], posteriors[names[j]]
+                res = compare_at_shared_A(p1, p2, seed=seed, num_samples=num_samples, num_chains=num_chains)
+                shared.append({"run_1": names[i], "run_2": names[j]} | res)
+    return pairwise, shared
+
+
+def _plot_overview(curves: list[RunCurve], posteriors: dict, pairwise: list, out: Path) -> list:
+    """The figures over all runs (A posteriors, efficiency, parameter table); returns the files written."""
+    figures = save(plot_A_posteriors(posteriors), out, "A_posteriors")
+    figures += save(plot_efficiency({c.name: (c, posteriors[c.name]) for c in curves}), out, "efficiency")
+    figures += save(plot_table(posteriors, pairwise), out, "table")
+    return figures
+
+
 def fit_runs(
     run_dirs,
     out_dir,
@@ -82,101 +202,27 @@ def fit_runs(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
-    if not run_dirs:
-        raise ValueError("fit_runs: no run directories given")
     excl = float(exclude_below or 0.0)
-    curves = [load_run(d, compute_key=compute_key) for d in run_dirs]
-    _unique_names(curves)
+    curves = _load_curves(run_dirs, compute_key)
+    windows = {c.name: _window(c, fit_until, fit_until_compute, excl) for c in curves}
+    inputs = {c.name: _bayes_inputs(c, windows[c.name][0], excl) for c in curves}
+    notes = {c.name: [] for c in curves}
+    posteriors = _fit_posteriors(inputs, notes, seed=seed, num_samples=num_samples, num_chains=num_chains,
+                                 num_warmup=num_warmup)
 
-    runs, windows, inputs, notes = {}, {}, {}, {c.name: [] for c in curves}
-    for curve in curves:
-        mask, limit = fit_window(curve, fit_until, fit_until_compute)
-        n_fit = int(np.sum(mask & (curve.compute >= excl)))
-        if n_fit < 5:
-            raise ValueError(
-                f"fit_runs: run {curve.name!r} has {n_fit} eval points in its fit window (compute <= {limit:g}, "
-                f">= {excl:g}); need at least 5, fit on more of the run"
-            )
-        windows[curve.name] = (mask, limit)
-        inputs[curve.name] = _bayes_inputs(curve, mask, excl)
-
-    # Curves whose model variants agree share one vectorised NUTS run (one compilation).
-    groups = {}
-    for name, d in inputs.items():
-        groups.setdefault(tuple(sorted(d)), []).append(name)
-    posteriors = {}
-    for names in groups.values():
-        sink = []
-        posts = _caught(fit_bayes_batch, [inputs[n] for n in names], seed=seed, num_samples=num_samples,
-                        num_chains=num_chains, num_warmup=num_warmup, sink=sink)
-        for n, p in zip(names, posts):
-            posteriors[n] = p
-            tag = f"fit_bayes_batch[{names.index(n)}]"
-            notes[n] += [m.replace(tag, "fit_bayes") for m in sink if m.startswith(tag)]
-
-    figures = []
+    runs, figures = {}, []
     for curve in curves:
         name = curve.name
-        mask, limit = windows[name]
-        post = posteriors[name]
-        c_fit, r_fit = curve.compute[mask], curve.reward[mask]
-        grid = _caught(fit_grid, c_fit, r_fit, float(curve.reward[0]), exclude_below=excl, sink=notes[name])
-        try:
-            power = _caught(fit_power_law, c_fit, r_fit, exclude_below=excl, sink=notes[name])
-        except (ValueError, RuntimeError) as e:
-            power, notes[name] = None, notes[name] + [f"power law not fitted: {e}"]
-        held = ~mask
-        target = float(target_compute) if target_compute else (
-            float(curve.compute.max()) if np.any(held) else 2.0 * limit)
-        mean_t, lo_t, hi_t = (float(v[0]) for v in post.predict([target]))
-        entry = {
-            "path": curve.path,
-            "compute_key": compute_key,
-            "n_points": int(curve.compute.size),
-            "n_fit": int(np.sum(mask & (curve.compute >= excl))),
-            "fit_until_compute": limit,
-            "target_compute": target,
-            "prediction": {"mean": mean_t, "lo": lo_t, "hi": hi_t,
-                           "grid": float(grid.predict(target)),
-                           "power_law": None if power is None else float(power.predict(target))},
-            "bayes": post.to_dict(),
-            "grid": grid.to_dict(),
-            "power_law": None if power is None else power.to_dict(),
-            "warnings": notes[name],
-        }
-        if np.any(held):
-            pm, plo, phi = post.predict(curve.compute[held])
-            obs = curve.reward[held]
-            last = int(np.argmin(np.abs(curve.compute[held] - target)))
-            entry["held_out"] = {
-                "n": int(held.sum()),
-                "mean_abs_error": float(np.mean(np.abs(obs - pm))),
-                "fraction_in_90": float(np.mean((obs >= plo) & (obs <= phi))),
-                "compute_nearest_target": float(curve.compute[held][last]),
-                "observed_nearest_target": float(obs[last]),
-                "predicted_nearest_target": float(pm[last]),
-                "error_nearest_target": float(obs[last] - pm[last]),
-            }
-        runs[name] = entry
+        runs[name], grid, power, target = _fit_run(curve, windows[name], posteriors[name], notes[name], excl=excl,
+                                                   target_compute=target_compute, compute_key=compute_key)
         if make_plots:
-            fig = plot_fit(curve, post, limit, target, grid_fit=grid, power_fit=power, compute_label=compute_key)
+            fig = plot_fit(curve, posteriors[name], windows[name][1], target, grid_fit=grid, power_fit=power,
+                           compute_label=compute_key)
             figures += save(fig, out, f"fit_{name}")
 
-    pairwise = pairwise_table(posteriors) if len(posteriors) > 1 else []
-    shared = []
-    if 1 < len(posteriors) <= 4:
-        names = list(posteriors)
-        for i in range(len(names)):
-            for j in range(i + 1, len(names)):
-                p1, p2 = posteriors[names[i]], posteriors[names[j]]
-                res = compare_at_shared_A(p1, p2, seed=seed, num_samples=num_samples, num_chains=num_chains)
-                shared.append({"run_1": names[i], "run_2": names[j]} | res)
+    pairwise, shared = _compare(posteriors, seed=seed, num_samples=num_samples, num_chains=num_chains)
     if make_plots:
-        figures += save(plot_A_posteriors(posteriors), out, "A_posteriors")
-        figures += save(plot_efficiency({c.name: (c, posteriors[c.name]) for c in curves}), out, "efficiency")
-        figures += save(plot_table(posteriors, pairwise), out, "table")
-
+        figures += _plot_overview(curves, posteriors, pairwise, out)
     summary = {
         "settings": {"fit_until": fit_until, "fit_until_compute": fit_until_compute, "target_compute": target_compute,
                      "exclude_below": excl, "compute_key": compute_key, "seed": seed, "num_samples": num_samples,
@@ -192,6 +238,8 @@ def fit_runs(
 
 
 def _markdown(summary: dict, posteriors: dict, pairwise: list, compute_key: str) -> str:
+    """report.md: per run the fit window, the prediction, how it held up on later evals and the diagnostics;
+    then the parameter table and the paper's comparison rule for every pair."""
     lines = ["# Scaling fit report", ""]
     for name, e in summary["runs"].items():
         p = e["prediction"]

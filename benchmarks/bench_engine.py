@@ -17,9 +17,8 @@ import time
 import jax
 import numpy as np
 
-from scalerl_jax.models import presets
+from scalerl_jax.models import init_params, presets
 from scalerl_jax.models.hf_io import save_hf_checkpoint
-from scalerl_jax.models import init_params
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 

@@ -87,8 +87,8 @@ def measure(cfg, dtype: str, shard_bytes: int, workdir: str | Path, seed: int = 
     import jax
     import ml_dtypes
 
-    from scalerl_jax.models.hf_io import save_hf_checkpoint
     from scalerl_jax.models import param_shapes
+    from scalerl_jax.models.hf_io import save_hf_checkpoint
 
     cfg = dataclasses.replace(cfg, param_dtype=dtype)
     np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16

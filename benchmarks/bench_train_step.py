@@ -63,8 +63,8 @@ def bench_model(name: str, batch: int, seq: int, steps: int, warmup: int, lr: fl
     from transformers import LlamaForCausalLM
 
     from scalerl_jax.config import TrainConfig
-    from scalerl_jax.models.hf_io import save_hf_checkpoint
     from scalerl_jax.models import init_params
+    from scalerl_jax.models.hf_io import save_hf_checkpoint
     from scalerl_jax.models.presets import get_preset
     from scalerl_jax.train.losses import cross_entropy_loss
     from scalerl_jax.train.optim import make_optimizer

@@ -146,7 +146,8 @@ def aot_compile(
 
 
 def format_table(reports: list[dict]) -> str:
-    head = ("devices", "mesh", "batch", "params GiB", "opt GiB", "temp (act.) GiB", "peak GiB", "GB200 186GB", "compile s")
+    head = ("devices", "mesh", "batch", "params GiB", "opt GiB", "temp (act.) GiB", "peak GiB", "GB200 186GB",
+            "compile s")
     rows = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in reports:
         mesh = "x".join(f"{k}{v}" for k, v in r["mesh"].items() if v > 1)

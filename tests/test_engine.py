@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax.losses.logprobs import token_logprobs
-from scalerl_jax.models import presets
+from scalerl_jax.models import forward_cached, forward_hidden, head_weight, init_cache, lm_logits, param_shapes, presets
 from scalerl_jax.models.hf_io import save_hf_checkpoint
-from scalerl_jax.models import forward_cached, forward_hidden, head_weight, init_cache, lm_logits, param_shapes
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, Generator, SamplingParams
 from tests.hf_models import make_hf_llama

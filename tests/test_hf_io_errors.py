@@ -69,7 +69,8 @@ def test_safetensors_files_bf16_transposed_and_unsupported_dtype(ckpt, tmp_path_
     t = load_file(ckpt / "model.safetensors")
     t["model.norm.weight"] = t["model.norm.weight"].astype(np.int32)
     save_file(t, ckpt / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.norm\.weight' has unsupported dtype 'I32'"):
+    with pytest.raises(CheckpointError,
+                       match=r"model\.safetensors: tensor 'model\.norm\.weight' has unsupported dtype 'I32'"):
         load_hf_checkpoint(ckpt)
 
 
@@ -105,7 +106,8 @@ def test_rope_fields_both_transformers_layouts(arch):
     got = hf_io.config_from_hf(v4)
     assert (got.rope_scaling, got.rope_theta) == (cfg.rope_scaling, cfg.rope_theta)
     bad = {**hf, "rope_parameters": {**hf["rope_parameters"], "rope_type": "yarn"}}
-    with pytest.raises(CheckpointError, match="config.json: field 'rope_type' expected 'default' or 'llama3', found 'yarn'"):
+    with pytest.raises(CheckpointError,
+                       match="config.json: field 'rope_type' expected 'default' or 'llama3', found 'yarn'"):
         hf_io.config_from_hf(bad)
     short = {**hf, "rope_parameters": {k: v for k, v in hf["rope_parameters"].items() if k != "low_freq_factor"}}
     with pytest.raises(CheckpointError, match=r"missing field\(s\) \['low_freq_factor'\]"):

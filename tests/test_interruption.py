@@ -9,8 +9,7 @@ expected completions (thinking, injected interruption, answer) can be written do
 import numpy as np
 import pytest
 
-from scalerl_jax.models import presets
-from scalerl_jax.models import param_shapes
+from scalerl_jax.models import param_shapes, presets
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
 

@@ -38,7 +38,8 @@ class _FakeMesh:
 def test_rules_replicate_indivisible_dims_and_use_each_axis_once():
     mesh = _FakeMesh(data=1, fsdp=4, tensor=2, expert=1)
     assert logical_to_spec(("embed", "mlp"), (128, 512), mesh) == P("fsdp", "tensor")
-    assert logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (4, 128, 1, 32), mesh) == P(None, "fsdp", None, None)
+    spec = logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (4, 128, 1, 32), mesh)
+    assert spec == P(None, "fsdp", None, None)
     assert logical_to_spec(("vocab", "embed"), (17, 128), mesh) == P(None, "fsdp")  # 17 % 2 != 0
     assert logical_to_spec(("batch", "seq"), (8, 64), mesh) == P("fsdp", None)
 

@@ -30,8 +30,9 @@ from tests._trainer_driver import (
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_cache():
-    old = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                                           "jax_persistent_cache_min_entry_size_bytes")}
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    old = {k: getattr(jax.config, k) for k in keys}
     enable_compile_cache()
     yield
     for k, v in old.items():

@@ -1,4 +1,5 @@
-"""Prompts and tokens: tokenizers, the arithmetic task, jsonl math sets, the NPR curriculum and the training pipeline."""
+"""Prompts and tokens: tokenizers, the arithmetic task, jsonl math sets, the NPR curriculum and the training
+pipeline."""
 
 from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.jsonl import (

@@ -1,4 +1,5 @@
-"""HF ``LlamaForCausalLM`` (and, via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or sharded safetensors) <-> our params.
+"""HF ``LlamaForCausalLM`` (and, via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or
+sharded safetensors) <-> our params.
 
 Files are read and written with the ``safetensors`` library (NumPy API; ``ml_dtypes`` gives NumPy its
 bfloat16, so no torch): on load each tensor is read only when its param is filled, then dropped, so peak

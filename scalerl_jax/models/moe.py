@@ -35,6 +35,7 @@ from scalerl_jax.config import ConfigError, ModelConfig
 from scalerl_jax.models import layers as nn
 from scalerl_jax.models.params import Weight, swiglu_specs
 
+
 def moe_specs(cfg: ModelConfig, n_layers: int) -> dict[str, Weight]:
     """The router [Lm, D, E], the routed experts [Lm, E, ...] and the shared expert of ``n_layers`` MoE layers."""
     D, E, F, dt = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim, cfg.param_dtype

@@ -17,7 +17,8 @@ nonce, never read from the program's output.
 
 Reasons (:data:`REASONS`): ``passed``; ``failed`` (an assert or exception in the program or its tests, with the
 message and line in ``detail``); ``timeout`` (wall clock or CPU limit); ``memory`` (a MemoryError under the
-address-space limit, or the run's processes together over ``memory_mb``); ``output_limit`` (more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the run
+address-space limit, or the run's processes together over ``memory_mb``); ``output_limit`` (more than
+``max_output_bytes`` on stdout or stderr); ``crash`` (the run
 ended before a verdict: ``os._exit``, a signal, a closed harness); ``sandbox_error`` (the machinery failed).
 
 What the sandbox does not stop:

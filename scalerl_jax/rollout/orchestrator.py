@@ -69,7 +69,8 @@ class RolloutProducer:
         self.prompt_lock = threading.Lock()  # the prompt iterator is shared with checkpointing
         self._drawn: dict[int, dict] = {}  # batch index -> the prompt iterator's state before it was drawn
 
-    def requests_for(self, problems: Sequence[Problem], sampling: SamplingParams | None = None) -> list[GenerationRequest]:
+    def requests_for(self, problems: Sequence[Problem],
+                     sampling: SamplingParams | None = None) -> list[GenerationRequest]:
         out = []
         for p in problems:
             ids = self.encode(p.prompt)

@@ -2,7 +2,8 @@
 
 The loss is a parameter: ``loss_fn(params, batch) -> (loss, aux)``. If ``aux`` carries ``"update_ok"``
 (a boolean scalar; e.g. False when the batch holds NaNs), the step is skipped when it is False in
-any micro-batch; if it carries ``"n_tokens"`` the step is skipped when no token is left to train on. A step is also skipped when the loss or the gradient is non-finite. A skipped
+any micro-batch; if it carries ``"n_tokens"`` the step is skipped when no token is left to train on. A step is
+also skipped when the loss or the gradient is non-finite. A skipped
 step returns the previous params and optimiser state bit for bit and reports ``skipped = 1``.
 """
 
@@ -76,7 +77,8 @@ def make_train_step(
             return jax.tree.map(combine, acc, (loss, aux, g)), None
 
         (loss0, aux0), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
-        init = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype) if s.dtype == jnp.bool_ else jnp.zeros(s.shape, s.dtype),
+        init = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype) if s.dtype == jnp.bool_
+                            else jnp.zeros(s.shape, s.dtype),
                             (loss0, aux0))
         init = (*init, jax.tree.map(jnp.zeros_like, params))
         (loss, aux, g), _ = jax.lax.scan(body, init, micro)

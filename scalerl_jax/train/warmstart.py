@@ -75,7 +75,8 @@ def warm_start(model_cfg: ModelConfig, problems: Sequence[Problem], *, encode, e
         if (s + 1) % 50 == 0 or s == steps - 1:
             loss = float(m["loss"])
             el = time.perf_counter() - t0
-            log(f"[warmstart] step {s + 1}/{steps} loss {loss:.4f} ({el:.0f}s, eta {el / (s + 1) * (steps - s - 1):.0f}s)")
+            eta = el / (s + 1) * (steps - s - 1)
+            log(f"[warmstart] step {s + 1}/{steps} loss {loss:.4f} ({el:.0f}s, eta {eta:.0f}s)")
             if f:
                 f.write(json.dumps({"kind": "warmstart", "step": s + 1, "loss": loss, "seconds": el}) + "\n")
     if f:

@@ -32,7 +32,7 @@ def test_fit_runs_two_tiny_runs(tmp_path):
     _write_run(tmp_path / "b", 0.79, 1.5, 0.04, 0.3, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScalingFitWarning)
-        s = fit_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "out", fit_until=0.5,
+        fit_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "out", fit_until=0.5,
                      num_samples=300, num_chains=2, num_warmup=300)
     out = tmp_path / "out"
     for f in ["summary.json", "report.md", "fit_a.png", "fit_b.svg", "A_posteriors.png", "efficiency.svg",

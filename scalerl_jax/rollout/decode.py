@@ -7,8 +7,9 @@ cache of exactly T positions and returns their K/V; :func:`_scatter_rows` writes
 step (:func:`_decode_step`) feeds each row's pending token at its own position through the model's own cached
 forward (:func:`forward_cached` with T = 1, which writes its K/V into the cache in place), takes float32 logits
 from the FP32 head (:func:`lm_logits`), chooses the next token and advances the row's state machine (below);
-:func:`_decode_chunk` runs ``n_steps`` of them in one ``lax.scan``. Finished and empty slots keep running (static shapes) but emit nothing. The engine calls the module-level jits
-(``prefill_kv_jit``, ``scatter_rows_jit``, ``decode_chunk_jit``): engines over the same config share compiled code.
+:func:`_decode_chunk` runs ``n_steps`` of them in one ``lax.scan``. Finished and empty slots keep running (static
+shapes) but emit nothing. The engine calls the module-level jits (``prefill_kv_jit``, ``scatter_rows_jit``,
+``decode_chunk_jit``): engines over the same config share compiled code.
 
 Per-slot arrays (their host mirrors are laid out in :mod:`scalerl_jax.rollout.rows`): constants ``rows`` (sampling
 parameters, stop ids, length control, the PRNG key and the row's index in its submission) and decode state ``st``

@@ -46,7 +46,8 @@ def test_every_combination_is_a_valid_config(preset, variant):
         "length_penalty": lambda e: e.rollout.length.kind == "penalty",
         "deepseek_grpo": lambda e: (e.loss.kind, e.loss.aggregation, e.loss.normalization, e.loss.eps_high)
         == ("grpo", "sample", "prompt", 0.2),
-        "qwen25_dapo": lambda e: e.loss.kind == "dapo" and e.loss.eps_high == 0.28 and e.rollout.mode == "ppo_off_policy",
+        "qwen25_dapo": lambda e: (e.loss.kind == "dapo" and e.loss.eps_high == 0.28
+                                  and e.rollout.mode == "ppo_off_policy"),
         "magistral": lambda e: e.loss.kind == "dapo" and e.rollout.mode == "pipeline",
         "minimax": lambda e: e.loss.kind == "cispo" and e.rollout.mode == "ppo_off_policy"
         and e.model.head_dtype == "float32" and e.loss.aggregation == "prompt",
@@ -68,7 +69,8 @@ def _recipe_numbers() -> dict[str, float]:
         "adam_eps": r"Adam eps ([0-9.e-]+)", "wd": r"weight decay ([0-9.]+)\.",
         "eps_max": r"our default is ([0-9.]+)\.", "k": r"k = 4 and 8 equal, (\d+) adopted",
         "think_lo": r"from \[(\d+)k, \d+k\] tokens", "think_hi": r"from \[\d+k, (\d+)k\] tokens",
-        "answer": r"answer budget: (\d+)k tokens", "prompts": r"Batch: (\d+) prompts x", "group": r"prompts x (\d+) generations",
+        "answer": r"answer budget: (\d+)k tokens", "prompts": r"Batch: (\d+) prompts x",
+        "group": r"prompts x (\d+) generations",
         "layers": r"Llama-3.1-8B shapes: (\d+) layers", "d_model": r"d_model (\d+)", "ffn": r"FFN (\d+)",
         "heads": r"(\d+) query heads", "kv": r"(\d+) KV heads", "vocab": r"vocab (\d+)",
     }

@@ -62,7 +62,7 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     """RMSNorm in float32, cast back to the input dtype before the gain (as HF Llama does)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return w.astype(x.dtype) * y.astype(x.dtype)
+    return w.astype(x.dtype).reshape((1,) * (x.ndim - 1) + w.shape) * y.astype(x.dtype)
 
 
 def l2_norm(x: jax.Array, eps: float) -> jax.Array:
@@ -107,7 +107,7 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
 def rope_tables(pos_BT: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """cos and sin of every (position, frequency) angle, float32 [B, T, Dh/2]: computed once per forward pass and
     shared by every layer."""
-    ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    ang_BTF = pos_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
     return jnp.cos(ang_BTF), jnp.sin(ang_BTF)
 
 

@@ -59,6 +59,9 @@ class ModelConfig:
     dtype: DType = "bfloat16"  # activation / matmul compute dtype
     param_dtype: DType = "float32"  # storage dtype of the master weights
     head_dtype: DType = "float32"  # LM head; float32 is the ScaleRL fix
+    #: token log-probs through the head: reference (chunked pure JAX) or pallas (kernels/token_logprobs.py, fused;
+    #: float32 head only; interpreted on CPU, compiled on GPU)
+    logprobs_impl: Literal["reference", "pallas"] = "reference"
     remat: bool = True  # rematerialise each layer in the backward pass
     attn_chunk: int = 2048  # query-block size of the memory-bounded attention
     bos_token_id: int | None = 128000  # beginning-of-sequence token before each prompt (None: none)
@@ -94,6 +97,11 @@ class ModelConfig:
         )
         for name in ("dtype", "param_dtype", "head_dtype"):
             _check(getattr(self, name) in ("float32", "bfloat16"), f"ModelConfig.{name} must be float32|bfloat16")
+        _check(self.logprobs_impl in ("reference", "pallas"),
+               f"ModelConfig.logprobs_impl must be 'reference' or 'pallas', got {self.logprobs_impl!r}")
+        _check(self.logprobs_impl != "pallas" or self.head_dtype == "float32",
+               "ModelConfig.logprobs_impl='pallas' computes the head in float32 only; the bf16-head ablation "
+               "(head_dtype='bfloat16') needs logprobs_impl='reference'")
         _check(self.arch in ("llama", "llama4"), f"ModelConfig.arch must be 'llama' or 'llama4', got {self.arch!r}")
         if self.arch == "llama4":
             _check(self.n_experts >= 1, f"ModelConfig.n_experts must be >= 1 for arch='llama4', got {self.n_experts}")

@@ -12,6 +12,10 @@ of logits (plus its cotangent) instead of the full [B, T, V] tensor (16 GiB in f
 V=128256). ``head_dtype="float32"`` casts h and W to float32 before the matmul (ScaleRL's FP32-logits fix);
 ``"bfloat16"`` runs the matmul in bf16 and rounds the logits to bf16 (the ablation), after which the softmax
 statistics are taken in float32 in both modes.
+
+``head_logprobs`` is what the train step calls: it dispatches on ``ModelConfig.logprobs_impl`` between
+``token_logprobs`` here (the reference) and the fused Pallas kernel ``kernels.token_logprobs.token_logprobs``,
+and refuses a combination the kernel cannot honour instead of silently falling back to the reference.
 """
 
 from __future__ import annotations
@@ -95,3 +99,41 @@ def token_logprobs_naive(
     """Reference ``(logp_BT, entropy_BT)`` that materialises the full [B, T, V] logits (tests, benchmarks)."""
     dtype = _head_dtype(head_dtype)
     return _logp_entropy(hidden_BTD.astype(dtype), head_DV.astype(dtype), targets_BT, temperature)
+
+
+def head_logprobs(
+    hidden_BTD: jax.Array,
+    head_DV: jax.Array,
+    targets_BT: jax.Array,
+    *,
+    impl: str = "reference",
+    chunk: int = 256,
+    head_dtype: str = "float32",
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """``(logp_BT, entropy_BT)`` by the implementation ``impl`` names (``ModelConfig.logprobs_impl``).
+
+    ``"reference"`` is :func:`token_logprobs` (``chunk``, ``head_dtype`` as there). ``"pallas"`` is the fused
+    kernel ``kernels.token_logprobs.token_logprobs``: float32 head only, ``chunk`` unused (the kernel tiles rows
+    and vocabulary itself). On CPU it runs in Pallas interpret mode (exact but slow: meant for tests and
+    debugging), on GPU compiled; other backends raise. Nothing falls back to the reference silently: an unknown
+    ``impl``, ``head_dtype="bfloat16"`` with ``"pallas"`` or a backend without the kernel raise ``ValueError``
+    naming ``logprobs_impl``.
+    """
+    if impl == "reference":
+        return token_logprobs(hidden_BTD, head_DV, targets_BT, chunk=chunk, head_dtype=head_dtype,
+                              temperature=temperature)
+    if impl != "pallas":
+        raise ValueError(f"logprobs_impl must be 'reference' or 'pallas', got {impl!r}")
+    if _head_dtype(head_dtype) != jnp.float32:
+        raise ValueError("logprobs_impl='pallas' computes the head in float32 only; head_dtype='bfloat16' (the "
+                         "bf16-head ablation) needs logprobs_impl='reference'")
+    # Imported here so Pallas stays off the import path of every run that keeps the reference.
+    from kernels.token_logprobs import resolve_interpret
+    from kernels.token_logprobs import token_logprobs as fused_token_logprobs
+
+    try:
+        interpret = resolve_interpret(None)
+    except ValueError as e:
+        raise ValueError(f"logprobs_impl='pallas' is unavailable here ({e}); use logprobs_impl='reference'") from e
+    return fused_token_logprobs(hidden_BTD, head_DV, targets_BT, temperature=temperature, interpret=interpret)

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import LossConfig, ModelConfig
-from scalerl_jax.losses import policy_loss, token_logprobs
+from scalerl_jax.losses import policy_loss
+from scalerl_jax.losses.logprobs import head_logprobs
 from scalerl_jax.models.model import forward_hidden, head_weight
 
 BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated")
@@ -87,9 +88,9 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # force padding copies of every block input.
         h, router = forward_hidden(params, tokens, model_cfg, return_aux=True)
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-        logp, ent = token_logprobs(
-            h, head_weight(params, model_cfg), targets, chunk=logp_chunk, head_dtype=model_cfg.head_dtype,
-            temperature=temperature,
+        logp, ent = head_logprobs(
+            h, head_weight(params, model_cfg), targets, impl=model_cfg.logprobs_impl, chunk=logp_chunk,
+            head_dtype=model_cfg.head_dtype, temperature=temperature,
         )
         logp, ent = logp[:, :-1], ent[:, :-1]
         loss, m = policy_loss(logp, gen, adv, mask, batch["group_ids"], loss_cfg)

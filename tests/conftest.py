@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Implicit rank promotion hides shape bugs ([B, T] + [T] broadcasting where [B, T] + [B, 1] was meant): every test,
+# and every subprocess a test starts (they inherit the environment), runs with it off.
+os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
+if "jax" in sys.modules:  # a plugin imported JAX before this file: the variable was read already
+    sys.modules["jax"].config.update("jax_numpy_rank_promotion", "raise")
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); tests fail, not skip, without them
 

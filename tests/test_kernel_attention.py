@@ -21,7 +21,7 @@ import pytest
 from experiments.run_path import model_from_checkpoint
 from kernels.attention import check_impl, library_attention, pallas_attention, pallas_decode
 from scalerl_jax.config import ConfigError, LossConfig, TrainConfig
-from scalerl_jax.models import forward_hidden, init_cache, init_params, tiny, tiny_moe
+from scalerl_jax.models import forward_cached, forward_hidden, init_cache, init_params, tiny, tiny_moe
 from scalerl_jax.models.layers import attention, cached_attention
 from scalerl_jax.train import init_train_state, make_optimizer, make_train_step
 from scalerl_jax.train.rl import rl_loss
@@ -137,6 +137,29 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype):
                                rtol=tol, atol=tol)
 
 
+def test_model_decode_with_pallas_equals_reference():
+    """The model's KV-cached path (prefill on the reference, then T = 1 decode steps through the Pallas decode
+    kernel) in a Llama-4 layer scan whose chunk flag is traced: hidden states equal the reference model's, and the
+    decode steps cross a local-chunk boundary (positions 7, 8, 9 with 8-position chunks)."""
+    ref_cfg = dataclasses.replace(tiny_moe(), n_layers=2, moe_every=1, nope_every=2, local_attn_chunk=8)
+    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
+    params = init_params(ref_cfg, jax.random.key(2), std=0.1)
+    tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, ref_cfg.vocab_size)
+    outs = {}
+    for name, cfg in (("reference", ref_cfg), ("pallas", ker_cfg)):
+        step = jax.jit(lambda p, t, pos, c, cfg=cfg: forward_cached(p, t, pos, c, cfg))
+        cache = init_cache(cfg, 2, 16)
+        h, cache = step(params, tokens[:, :7], jnp.broadcast_to(jnp.arange(7), (2, 7)), cache)
+        hs = [h]
+        for t in range(7, 10):
+            h, cache = step(params, tokens[:, t:t + 1], jnp.full((2, 1), t, jnp.int32), cache)
+            hs.append(h)
+        outs[name] = np.concatenate([np.asarray(x) for x in hs], axis=1)
+        decode_jaxpr = str(jax.make_jaxpr(step)(params, tokens[:, :1], jnp.zeros((2, 1), jnp.int32), cache))
+        assert ("pallas_call" in decode_jaxpr) == (name == "pallas")  # the kernel really ran, only where chosen
+    np.testing.assert_allclose(outs["pallas"], outs["reference"], rtol=2e-5, atol=2e-5)
+
+
 def _rl_batch(cfg, B=2, T=24):
     rng = np.random.RandomState(0)
     tokens = rng.randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
@@ -164,7 +187,9 @@ def test_train_step_with_pallas_attention_equals_reference_step():
     opt = make_optimizer(TrainConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0, adam_eps=1.0))
     out = {}
     for name, cfg in (("reference", ref_cfg), ("pallas", ker_cfg)):
-        state, m = jax.jit(make_train_step(rl_loss(cfg, LossConfig()), opt))(init_train_state(params, opt), batch)
+        step = make_train_step(rl_loss(cfg, LossConfig()), opt)
+        assert ("pallas_call" in str(jax.make_jaxpr(step)(init_train_state(params, opt), batch))) == (name == "pallas")
+        state, m = jax.jit(step)(init_train_state(params, opt), batch)
         deltas = jax.tree.map(lambda new, old: np.asarray(new) - old, state.params, params)
         out[name] = ([float(m[k]) for k in ("loss", "entropy", "grad_norm")], jax.tree.leaves(deltas))
     (m_r, d_r), (m_k, d_k) = out["reference"], out["pallas"]

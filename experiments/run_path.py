@@ -37,7 +37,8 @@ from scalerl_jax.config import ConfigError, ExperimentConfig, ModelConfig
 R = dataclasses.replace
 
 # ModelConfig fields a preset decides whatever checkpoint it starts from (how to compute, not what the model is)
-NUMERICS = ("dtype", "param_dtype", "head_dtype", "remat", "attn_chunk", "moe_impl", "moe_capacity_factor")
+NUMERICS = ("dtype", "param_dtype", "head_dtype", "remat", "attn_chunk", "moe_impl", "moe_capacity_factor",
+            "logprobs_impl", "attention_impl")
 
 
 def model_from_checkpoint(preset: ModelConfig, ckpt: ModelConfig) -> ModelConfig:

@@ -11,7 +11,8 @@ Launch::
 with the model swapped for a Llama-4-style MoE: 4 routed experts (top-1, sigmoid scores) + a shared expert on
 layers 1 and 3, dense SwiGLU on 0 and 2, one NoPE layer with temperature tuning, chunked attention and QK norm on
 the RoPE layers. Train rows carry the router statistics (``router_load_e*``, ``router_load_max``,
-``router_dropped_frac``). ``scout`` is RECIPE.md's recipe on Scout shapes with 16 trainer devices whose expert
+``router_dropped_frac``, and ``moe_aux_loss``, the load-balancing loss that ``--set loss.moe_aux_coef=0.001`` adds
+to the loss; 0 by default). ``scout`` is RECIPE.md's recipe on Scout shapes with 16 trainer devices whose expert
 axis spans all 16 (expert parallelism: shard_map + all_to_all + ragged_dot; capacity factor 2).
 
 Every flag of ``experiments.math_8b`` works here (``--variant``, ``--resume``, ``--seed``, every config field such as

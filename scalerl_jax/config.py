@@ -62,6 +62,10 @@ class ModelConfig:
     #: token log-probs through the head: reference (chunked pure JAX) or pallas (kernels/token_logprobs.py, fused;
     #: float32 head only; interpreted on CPU, compiled on GPU)
     logprobs_impl: Literal["reference", "pallas"] = "reference"
+    #: attention: reference (pure JAX: dense / own flash custom VJP), cudnn (jax.nn.dot_product_attention on cuDNN;
+    #: CUDA GPUs, bf16/fp16 only; decode stays on the reference) or pallas (JAX's Pallas GPU flash attention and
+    #: decode kernels; interpreted on CPU, compiled on GPU); see kernels/attention.py
+    attention_impl: Literal["reference", "cudnn", "pallas"] = "reference"
     remat: bool = True  # rematerialise each layer in the backward pass
     attn_chunk: int = 2048  # query-block size of the memory-bounded attention
     bos_token_id: int | None = 128000  # beginning-of-sequence token before each prompt (None: none)
@@ -102,6 +106,11 @@ class ModelConfig:
         _check(self.logprobs_impl != "pallas" or self.head_dtype == "float32",
                "ModelConfig.logprobs_impl='pallas' computes the head in float32 only; the bf16-head ablation "
                "(head_dtype='bfloat16') needs logprobs_impl='reference'")
+        _check(self.attention_impl in ("reference", "cudnn", "pallas"),
+               f"ModelConfig.attention_impl must be 'reference', 'cudnn' or 'pallas', got {self.attention_impl!r}")
+        _check(self.attention_impl != "cudnn" or self.dtype == "bfloat16",
+               "ModelConfig.attention_impl='cudnn' takes bfloat16 activations only (cuDNN flash attention); "
+               "dtype='float32' needs attention_impl='reference' or 'pallas'")
         _check(self.arch in ("llama", "llama4"), f"ModelConfig.arch must be 'llama' or 'llama4', got {self.arch!r}")
         if self.arch == "llama4":
             _check(self.n_experts >= 1, f"ModelConfig.n_experts must be >= 1 for arch='llama4', got {self.n_experts}")
@@ -221,12 +230,16 @@ class LossConfig:
     aggregation: Literal["prompt", "sample", "token"] = "prompt"  # what the token losses are averaged over first
     normalization: Literal["batch", "prompt", "none"] = "batch"  # advantage std: over the batch, per prompt, none
     filter_zero_variance: bool = True  # drop prompt groups whose rewards are all equal (zero advantage)
+    #: MoE router load-balancing loss coefficient (Switch / HF Mixtral ``load_balancing_loss_func``:
+    #: E * sum_e f_e * P_e over all MoE layers; HF's Llama-4 config uses 0.001); 0: off. Ignored by dense models.
+    moe_aux_coef: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.kind in ("cispo", "gspo", "dapo", "grpo"), f"LossConfig.kind: unknown {self.kind!r}")
         _check(self.aggregation in ("prompt", "sample", "token"), f"LossConfig.aggregation: {self.aggregation!r}")
         _check(self.normalization in ("batch", "prompt", "none"), f"LossConfig.normalization: {self.normalization!r}")
         _check(self.eps_max > 0, f"LossConfig.eps_max must be > 0, got {self.eps_max}")
+        _check(self.moe_aux_coef >= 0, f"LossConfig.moe_aux_coef must be >= 0, got {self.moe_aux_coef}")
 
 
 def grpo_loss() -> LossConfig:

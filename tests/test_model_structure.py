@@ -105,6 +105,28 @@ def test_models_depend_on_config_and_sharding_only():
     assert "scalerl_jax.models.llama" not in graph["scalerl_jax.models.llama4"]
 
 
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports (module level and inside functions alike)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_kernels_sit_below_the_models():
+    """The models may call the top-level ``kernels`` package (the attention dispatch in layers.py, imported inside
+    the function that needs it); kernels need nothing of the project but its config, so no circle can form."""
+    for p in (ROOT / "kernels").rglob("*.py"):
+        project = {m for m in _imports(p) if m.split(".")[0] == "scalerl_jax"}
+        assert project <= {"scalerl_jax.config"}, (p.name, project)
+    users = {p.name for p in (ROOT / "scalerl_jax" / "models").rglob("*.py")
+             if any(m.split(".")[0] == "kernels" for m in _imports(p))}
+    assert users == {"layers.py"}
+
+
 def _weights(specs) -> list[tuple[str, Weight]]:
     flat = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, Weight))[0]
     return [("/".join(str(k.key) for k in path), w) for path, w in flat]

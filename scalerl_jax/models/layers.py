@@ -1,6 +1,7 @@
 """The layers every Llama-family model here is built from, as pure functions: the dtype table, projection,
 embedding, RMS / L2 norms, RoPE (rotate-half and interleaved), SwiGLU, causal GQA attention (dense, and a
-flash-style tiled form with its own backward pass), attention over a KV cache, and layer rematerialisation.
+flash-style tiled form with its own backward pass; or the library kernels of :mod:`kernels.attention` chosen by
+``ModelConfig.attention_impl``), attention over a KV cache, and layer rematerialisation.
 
 Dimension legend (shape suffixes on array names):
     B batch, T time (query positions), S cache slots / key positions, D model width, H query heads,
@@ -9,7 +10,8 @@ Dimension legend (shape suffixes on array names):
 KV cache: ``{"k", "v"}: [L, B, K, S, Dh]`` (slot = position). Keys and values of one layer are written in place
 and read as ``[B, K, S, Dh]``, so a single-token decode step is a plain batched matmul over (B, K).
 
-Depends on :mod:`scalerl_jax.config` and :mod:`scalerl_jax.sharding` only.
+Depends on :mod:`scalerl_jax.config` and :mod:`scalerl_jax.sharding` only, and on the top-level :mod:`kernels`
+package (imported inside the functions that need it) when ``attention_impl`` is not ``"reference"``.
 """
 
 from __future__ import annotations
@@ -271,15 +273,25 @@ def _flash_bwd(cq, ck, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0) -> jax.Array:
+def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, impl: str = "reference",
+              local_chunk: int | None = None) -> jax.Array:
     """Causal GQA attention (key s visible to query t iff kpos <= qpos; with ``local`` > 0 also only within the
     same ``local``-position chunk, Llama 4's chunked attention), memory-bounded.
+
+    ``impl`` is ``ModelConfig.attention_impl``. ``"reference"`` is this function's own pure-JAX path (below);
+    ``"cudnn"`` and ``"pallas"`` hand q, k, v to the library kernels in :mod:`kernels.attention`, which take
+    the positions to be the row indices 0..T-1 (self-attention over whole sequences, the training pass) and
+    need ``local_chunk`` (the static chunk size) when ``local`` is a traced per-layer flag.
 
     Short inputs (T and S both <= ``chunk``) take one dense softmax. Longer ones run a flash-style
     online softmax over tiles of ``chunk`` queries x ``chunk`` keys (ragged lengths are padded), with a
     custom backward pass that recomputes each tile from the saved log-sum-exp: neither pass ever holds
     more than one [B, K, G, chunk, chunk] score tile, so memory is linear in the sequence length.
     """
+    if impl != "reference":
+        from kernels.attention import self_attention  # kept off the import path of reference runs
+
+        return self_attention(q_BTHD, k_BSKD, v_BSKD, local, impl=impl, chunk=local_chunk)
     B, T, H, Dh = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
@@ -295,8 +307,16 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     written at slot = position first (in place), then the queries attend over every slot <= their position.
     Returns (output [B, T, H, Dh], the updated cache).
 
-    A single query per row (decode) takes one dense softmax over the slots in the cache's own layout; longer
-    inputs (prefill) go through :func:`attention`."""
+    A single query per row (decode) takes one dense softmax over the slots in the cache's own layout, or with
+    ``attention_impl="pallas"`` the library Pallas decode kernel (:func:`kernels.attention.pallas_decode`);
+    longer inputs (prefill) go through the reference :func:`attention` whatever ``attention_impl`` says (keys are
+    cache slots there, not the query rows the kernels assume). An implementation this backend cannot run is
+    refused here too (:func:`kernels.attention.check_impl`)."""
+    interpret = None
+    if cfg.attention_impl != "reference":
+        from kernels.attention import check_impl
+
+        interpret = check_impl(cfg.attention_impl)
     B, T, H, Dh = q_BTHD.shape
     K = k_BTKD.shape[2]
     dt = dtype(cfg.dtype)
@@ -310,6 +330,12 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     ck_BKSD, cv_BKSD = cache["k"][layer].astype(dt), cache["v"][layer].astype(dt)
     S = ck_BKSD.shape[2]
     slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
+    if T == 1 and cfg.attention_impl == "pallas":
+        from kernels.attention import pallas_decode
+
+        o = pallas_decode(q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0], local,
+                          chunk=cfg.local_attn_chunk, interpret=interpret)
+        return o.reshape(B, 1, H, Dh), cache
     if T == 1:
         q_BKGD = q_BTHD.reshape(B, K, H // K, Dh)
         s = jnp.einsum("bkgd,bksd->bkgs", q_BKGD, ck_BKSD, preferred_element_type=jnp.float32) / math.sqrt(Dh)
@@ -339,7 +365,7 @@ def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, l
         q, k = position(q, k)
         q = constrain(q, ("batch", "seq", "q_heads", "head_dim"))
         if cache is None:
-            o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local)
+            o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local, cfg.attention_impl, cfg.local_attn_chunk)
         else:
             o, cache = cached_attention(q, k, v, pos_BT, cache, layer, cfg, local)
         x_BTD = x_BTD + proj(o, lp["wo"].astype(dt), n_in=2)

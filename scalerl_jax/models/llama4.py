@@ -130,7 +130,7 @@ def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
         x, cache = carry
         i = None if cache is None else lx["i"]
         x, cache, stats = layer(x, lx["layers"], lx["moe"], pos, cache, i, lx["rope"])
-        return (x, cache), {"load": stats["load"], "kept": stats["kept"]}
+        return (x, cache), {"load": stats["load"], "prob": stats["prob"], "kept": stats["kept"]}
 
     (x, cache), stats = jax.lax.scan(body, (x, cache), xs, unroll=not cfg.remat)
     return x, stats, cache
@@ -155,7 +155,7 @@ def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
 
     def body(carry, blk):
         x, cache = carry
-        loads, kepts = [], []
+        loads, probs, kepts = [], [], []
         i_dense = i_moe = 0
         for j, (rope, is_moe) in enumerate(kinds):
             lp = jax.tree.map(lambda a: a[j], blk["layers"])
@@ -169,18 +169,20 @@ def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
             x, cache, stats = fns[(rope, is_moe)](x, lp, fp, pos, cache, i)
             if stats is not None:
                 loads.append(stats["load"])
+                probs.append(stats["prob"])
                 kepts.append(stats["kept"])
-        return (x, cache), {"load": jnp.stack(loads), "kept": jnp.stack(kepts)}
+        return (x, cache), {"load": jnp.stack(loads), "prob": jnp.stack(probs), "kept": jnp.stack(kepts)}
 
     (x, cache), ys = jax.lax.scan(body, (x, cache), xs, unroll=not cfg.remat)
-    stats = {"load": ys["load"].reshape(-1, cfg.n_experts), "kept": ys["kept"].reshape(-1)}
+    stats = {"load": ys["load"].reshape(-1, cfg.n_experts), "prob": ys["prob"].reshape(-1, cfg.n_experts),
+             "kept": ys["kept"].reshape(-1)}
     return x, stats, cache
 
 
 def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, positions_BT=None,
                    return_aux: bool = False):
     """Final-norm hidden states [B, T, D]; with ``return_aux`` also the router stats
-    ``{"load": [Lm, E], "kept": [Lm]}`` (see :func:`scalerl_jax.models.moe.moe_ffn`)."""
+    ``{"load": [Lm, E], "prob": [Lm, E], "kept": [Lm]}`` (see :func:`scalerl_jax.models.moe.moe_ffn`)."""
     B, T = tokens_BT.shape
     pos = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
     x, stats, _ = _run_layers(params, nn.embed(params["embed"], tokens_BT, cfg), pos, cfg)

@@ -59,7 +59,12 @@ def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
 def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, positions_BT=None,
                    return_aux: bool = False):
     """Final-norm hidden states [B, T, D] (compute dtype) of a causal pass without a cache. With ``return_aux``:
-    (hidden, aux) where aux is the MoE router statistics (``{"load": [Lm, E], "kept": [Lm]}``) or None."""
+    (hidden, aux) where aux is the MoE router statistics (``{"load": [Lm, E], "prob": [Lm, E], "kept": [Lm]}``) or
+    None. ``positions_BT`` other than 0..T-1 needs ``attention_impl="reference"`` (the library kernels mask by row
+    index)."""
+    if positions_BT is not None and cfg.attention_impl != "reference":
+        raise ValueError(f"forward_hidden: explicit positions_BT need ModelConfig.attention_impl='reference'; the "
+                         f"{cfg.attention_impl!r} kernels assume positions 0..T-1")
     return _arch(cfg).forward_hidden(params, tokens_BT, cfg, positions_BT, return_aux=return_aux)
 
 

@@ -154,13 +154,15 @@ def _expert_parallel(h_BTD, idx_BTk, s_BTk, wg, wu, wd, cfg: ModelConfig, mesh, 
 def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tuple[jax.Array, dict[str, Any]]:
     """The MoE feed-forward of one layer; returns (output [B, T, D], router stats).
 
-    Stats: ``load`` [E], the fraction of this layer's token-expert assignments that went to each expert, and
-    ``kept`` (scalar), the fraction not dropped by a capacity limit (1 when dropless).
+    Stats: ``load`` [E], the fraction of this layer's token-expert assignments that went to each expert (no
+    gradient), ``prob`` [E], the mean over tokens of ``softmax(router logits)`` (differentiable: the ``P_e`` of
+    the load-balancing loss, :func:`load_balancing_loss`), and ``kept`` (scalar), the fraction not dropped by a
+    capacity limit (1 when dropless).
     """
     dt = nn.dtype(cfg.dtype)
     B, T, D = h_BTD.shape
     E, k = cfg.n_experts, cfg.top_k
-    _, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], k)
+    logits, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], k)
     wg, wu, wd = mp["w_gate"].astype(dt), mp["w_up"].astype(dt), mp["w_down"].astype(dt)
     active = shd.current_mesh()
     kept = jnp.float32(1.0)
@@ -174,4 +176,20 @@ def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tup
         routed = _ragged_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
     shared = nn.swiglu(h_BTD, mp["shared_gate"], mp["shared_up"], mp["shared_down"], dt)
     load = jnp.mean(jnp.sum(jax.nn.one_hot(idx, E, dtype=jnp.float32), axis=1), axis=0) / k
-    return shared + routed.astype(shared.dtype), {"load": load, "kept": kept}
+    prob = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
+    return shared + routed.astype(shared.dtype), {"load": load, "prob": prob, "kept": kept}
+
+
+def load_balancing_loss(load_LE: jax.Array, prob_LE: jax.Array, top_k: int) -> jax.Array:
+    """Switch-Transformer auxiliary load-balancing loss over the MoE layers, as HF transformers'
+    ``load_balancing_loss_func`` (Mixtral; the loss ``router_aux_loss_coef`` weighs in HF's Llama-4 config):
+
+        loss = E * sum_e f_e * P_e,   f_e = top-k assignments to e / tokens,   P_e = mean softmax(logits)_e
+
+    with f and P pooled over every token of every MoE layer (each layer sees the same tokens, so pooling is the
+    mean over layers). ``load_LE`` is :func:`moe_ffn`'s ``load`` (assignment shares summing to 1 per layer, so
+    f = top_k * load); ``prob_LE`` its ``prob``. The gradient flows through P only (f is a count). Uniform routing
+    gives ``top_k``; the router is not the sigmoid Llama-4 scores with, but the full softmax HF's function takes."""
+    E = load_LE.shape[-1]
+    f_E = jax.lax.stop_gradient(load_LE).mean(0) * top_k
+    return E * jnp.sum(f_E * prob_LE.mean(0))

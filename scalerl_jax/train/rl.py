@@ -1,4 +1,5 @@
-"""The RL loss for the pure train step: model forward, FP32 chunked token log-probs, policy loss.
+"""The RL loss for the pure train step: model forward, FP32 chunked token log-probs, policy loss (plus, for an MoE
+model with ``LossConfig.moe_aux_coef`` > 0, the router's load-balancing loss, logged as ``moe_aux_loss``).
 
 A :class:`TrainBatch` row is one completion, prompt and completion tokens in one right-padded row:
 
@@ -28,6 +29,7 @@ from scalerl_jax.config import LossConfig, ModelConfig
 from scalerl_jax.losses import policy_loss
 from scalerl_jax.losses.logprobs import head_logprobs
 from scalerl_jax.models.model import forward_hidden, head_weight
+from scalerl_jax.models.moe import load_balancing_loss
 
 BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated")
 
@@ -107,6 +109,12 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         )
         if router is not None:
             metrics.update(router_metrics(router, model_cfg.n_experts))
+            aux = load_balancing_loss(router["load"], router["prob"], model_cfg.top_k)
+            metrics["moe_aux_loss"] = jax.lax.stop_gradient(aux)
+            if loss_cfg.moe_aux_coef > 0:
+                loss = loss + loss_cfg.moe_aux_coef * aux
+                metrics["policy_loss"] = metrics["loss"]
+                metrics["loss"] = jax.lax.stop_gradient(loss)
         return loss, metrics
 
     return loss_fn

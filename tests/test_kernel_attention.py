@@ -1,0 +1,234 @@
+"""The attention dispatch (``ModelConfig.attention_impl``, kernels/attention.py) against the pure-JAX reference.
+
+On CPU: JAX's library Pallas flash attention (``mha``) and decode kernel (``decode_attention.mqa``) run in
+interpret mode; the cuDNN wrapper's layout work (GQA, Llama-4 chunks folded into the batch, the ``lax.cond`` on a
+traced per-layer flag) runs with ``implementation="xla"`` in place of cuDNN, which needs a GPU. Values and
+gradients equal the reference on ragged sequence lengths (not multiples of the kernel blocks), float32 and
+bfloat16 inputs, GQA, global and chunked local attention with a static or traced flag; the masks also equal a
+float64 NumPy definition; the RL train step with ``attention_impl="pallas"`` equals the reference step; what
+cannot run here is refused with a message naming the field and the backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.run_path import model_from_checkpoint
+from kernels.attention import check_impl, library_attention, pallas_attention, pallas_decode
+from scalerl_jax.config import ConfigError, LossConfig, TrainConfig
+from scalerl_jax.models import forward_cached, forward_hidden, init_cache, init_params, tiny, tiny_moe
+from scalerl_jax.models.layers import attention, cached_attention
+from scalerl_jax.train import init_train_state, make_optimizer, make_train_step
+from scalerl_jax.train.rl import rl_loss
+
+BLOCKS = dict(block=16, block_bwd=16)
+
+
+def _qkv(B, T, H, K, Dh, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 3)
+    return [jax.random.normal(k, (B, T, n, Dh), jnp.float32).astype(dtype) for k, n in zip(ks, (H, K, K))]
+
+
+def _reference(q, k, v, local):
+    B, T = q.shape[:2]
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    return attention(q, k, v, pos, pos, 8, local)  # chunk 8 < T: the reference's own flash path
+
+
+def _value_and_grads(fn, q, k, v):
+    cot = jax.random.normal(jax.random.key(9), q.shape, jnp.float32)
+
+    def objective(q, k, v):
+        o = fn(q, k, v)
+        return jnp.sum(o.astype(jnp.float32) * cot), o
+
+    (_, o), grads = jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    return [np.asarray(x, np.float32) for x in (o, *grads)]
+
+
+def _numpy_attention(q, k, v, local):
+    """float64 definition: key s visible to query t iff s <= t and (local == 0 or s // local == t // local)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, H, Dh = q.shape
+    G = H // k.shape[2]
+    k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+    s = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(Dh)
+    t, u = np.arange(T)[:, None], np.arange(T)[None, :]
+    vis = (u <= t) & ((local == 0) | (u // max(local, 1) == t // max(local, 1)))
+    s = np.where(vis, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhts,bshd->bthd", p / p.sum(-1, keepdims=True), v)
+
+
+CASES = [  # B, T, H, K, Dh, dtype, local chunk, traced flag
+    (2, 37, 4, 2, 24, jnp.float32, 10, False),  # ragged T (37 against 16-blocks), GQA, odd head dim, local chunks
+    (1, 33, 4, 1, 16, jnp.float32, 0, False),  # multi-query, global
+    (2, 29, 4, 2, 16, jnp.float32, 8, True),  # the chunk flag traced (Scout's layer scan), on
+    (2, 40, 2, 2, 32, jnp.bfloat16, 16, False),  # bf16 inputs, MHA, local
+]
+
+
+@pytest.mark.parametrize("B, T, H, K, Dh, dtype, local, traced", CASES)
+@pytest.mark.parametrize("impl", ["pallas", "cudnn_layout"])
+def test_kernel_equals_reference_values_and_grads(impl, B, T, H, K, Dh, dtype, local, traced):
+    q, k, v = _qkv(B, T, H, K, Dh, dtype)
+    if impl == "pallas":
+        def kernel(q, k, v, flag):
+            return pallas_attention(q, k, v, flag, chunk=local or None, interpret=True, **BLOCKS)
+    else:
+        def kernel(q, k, v, flag):
+            return library_attention(q, k, v, flag, chunk=local or None, implementation="xla")
+    flag = jnp.int32(local) if traced else local
+    got = _value_and_grads(lambda q, k, v: kernel(q, k, v, flag), q, k, v)
+    ref = _value_and_grads(lambda q, k, v: _reference(q, k, v, local), q, k, v)
+    tol = 2e-5 if dtype == jnp.float32 else 3e-2  # bf16: outputs and gradients rounded to 8 bits
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())), err_msg=name)
+    np.testing.assert_allclose(got[0], _numpy_attention(q, k, v, local), rtol=tol, atol=tol)
+    assert got[0].shape == (B, T, H, Dh)
+
+
+def test_traced_flag_off_is_global_attention():
+    q, k, v = _qkv(2, 29, 4, 2, 16, jnp.float32, seed=3)
+    ref = _numpy_attention(q, k, v, 0)
+    off = jnp.int32(0)
+    p = jax.jit(lambda q, k, v, f: pallas_attention(q, k, v, f, chunk=8, interpret=True, **BLOCKS))(q, k, v, off)
+    x = jax.jit(lambda q, k, v, f: library_attention(q, k, v, f, chunk=8, implementation="xla"))(q, k, v, off)
+    for o in (p, x):
+        np.testing.assert_allclose(np.asarray(o), ref, rtol=2e-5, atol=2e-5)
+
+
+def _cfg_cache(impl: str, S: int, dtype="float32"):
+    cfg = dataclasses.replace(tiny_moe(), n_heads=4, n_kv_heads=2, head_dim=16, attention_impl=impl, dtype=dtype,
+                              local_attn_chunk=16)
+    return cfg, init_cache(cfg, batch=3, max_len=S)
+
+
+@pytest.mark.parametrize("S, local, dtype", [(300, 16, "float32"), (64, 0, "bfloat16")])
+def test_pallas_decode_equals_reference_decode(S, local, dtype):
+    """One decode step over a filled cache: a ragged cache length (300: padded to 2 splits of 160 slots) and an
+    even one, rows at different positions (first slot, a chunk edge, the last slot), local chunks on and off."""
+    ref_cfg, cache = _cfg_cache("reference", S, dtype)
+    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
+    dt = jnp.float32 if dtype == "float32" else jnp.bfloat16
+    ks = jax.random.split(jax.random.key(1), 5)
+    cache = {n: jax.random.normal(kk, cache[n].shape, jnp.float32).astype(dt) for n, kk in zip("kv", ks[:2])}
+    pos = jnp.array([[0], [16], [S - 1]], jnp.int32)
+    q = jax.random.normal(ks[2], (3, 1, 4, 16), jnp.float32).astype(dt)
+    k_new = jax.random.normal(ks[3], (3, 1, 2, 16), jnp.float32).astype(dt)
+    v_new = jax.random.normal(ks[4], (3, 1, 2, 16), jnp.float32).astype(dt)
+    outs = [cached_attention(q, k_new, v_new, pos, cache, 1, cfg, local) for cfg in (ref_cfg, ker_cfg)]
+    (o_ref, c_ref), (o_ker, c_ker) = outs
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(np.asarray(o_ker, np.float32), np.asarray(o_ref, np.float32), rtol=tol, atol=tol)
+    for n in "kv":  # the same cache writes
+        np.testing.assert_array_equal(np.asarray(c_ker[n], np.float32), np.asarray(c_ref[n], np.float32))
+    if not local:
+        return
+    # traced flag (what the Scout scan passes)
+    o_tr = jax.jit(lambda f: pallas_decode(q.reshape(3, 2, 2, 16), c_ref["k"][1].astype(dt), c_ref["v"][1].astype(dt),
+                                           pos[:, 0], f, chunk=16, interpret=True))(jnp.int32(local))
+    np.testing.assert_allclose(np.asarray(o_tr, np.float32).reshape(o_ref.shape), np.asarray(o_ref, np.float32),
+                               rtol=tol, atol=tol)
+
+
+def test_model_decode_with_pallas_equals_reference():
+    """The model's KV-cached path (prefill on the reference, then T = 1 decode steps through the Pallas decode
+    kernel) in a Llama-4 layer scan whose chunk flag is traced: hidden states equal the reference model's, and the
+    decode steps cross a local-chunk boundary (positions 7, 8, 9 with 8-position chunks)."""
+    ref_cfg = dataclasses.replace(tiny_moe(), n_layers=2, moe_every=1, nope_every=2, local_attn_chunk=8)
+    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
+    params = init_params(ref_cfg, jax.random.key(2), std=0.1)
+    tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, ref_cfg.vocab_size)
+    outs = {}
+    for name, cfg in (("reference", ref_cfg), ("pallas", ker_cfg)):
+        step = jax.jit(lambda p, t, pos, c, cfg=cfg: forward_cached(p, t, pos, c, cfg))
+        cache = init_cache(cfg, 2, 16)
+        h, cache = step(params, tokens[:, :7], jnp.broadcast_to(jnp.arange(7), (2, 7)), cache)
+        hs = [h]
+        for t in range(7, 10):
+            h, cache = step(params, tokens[:, t:t + 1], jnp.full((2, 1), t, jnp.int32), cache)
+            hs.append(h)
+        outs[name] = np.concatenate([np.asarray(x) for x in hs], axis=1)
+        decode_jaxpr = str(jax.make_jaxpr(step)(params, tokens[:, :1], jnp.zeros((2, 1), jnp.int32), cache))
+        assert ("pallas_call" in decode_jaxpr) == (name == "pallas")  # the kernel really ran, only where chosen
+    np.testing.assert_allclose(outs["pallas"], outs["reference"], rtol=2e-5, atol=2e-5)
+
+
+def _rl_batch(cfg, B=2, T=24):
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
+    mask = np.zeros((B, T), np.float32)
+    mask[:, 5:] = 1.0
+    mask[-1, 20:] = 0.0  # right padding on one row
+    return {
+        "tokens": tokens, "loss_mask": mask, "gen_logp": (mask * rng.uniform(-4, -0.5, (B, T))).astype(np.float32),
+        "staleness": np.zeros((B, T), np.int32), "advantages": np.array([1.0, -0.7], np.float32),
+        "rewards": np.array([1.0, -1.0], np.float32), "group_ids": np.zeros(B, np.int32),
+        "truncated": np.zeros(B, np.float32),
+    }
+
+
+def test_train_step_with_pallas_attention_equals_reference_step():
+    """Llama-4 shapes with every layer MoE (one layer scan, the RoPE / NoPE choice and the chunk flag traced):
+    layer 0 RoPE with 16-position local chunks, layer 1 NoPE and global; T = 24, ragged against the kernel's
+    32-long blocks, and longer than the reference's 8-long attention chunk (its flash path)."""
+    ref_cfg = dataclasses.replace(tiny_moe(), n_layers=2, moe_every=1, nope_every=2, local_attn_chunk=16,
+                                  attn_chunk=8)
+    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
+    params = jax.tree.map(np.asarray, init_params(ref_cfg, jax.random.key(0), std=0.1))
+    batch = _rl_batch(ref_cfg)
+    # adam_eps=1, no weight decay: the update is a monotone map of each gradient entry (see the logprobs test)
+    opt = make_optimizer(TrainConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0, adam_eps=1.0))
+    out = {}
+    for name, cfg in (("reference", ref_cfg), ("pallas", ker_cfg)):
+        step = make_train_step(rl_loss(cfg, LossConfig()), opt)
+        assert ("pallas_call" in str(jax.make_jaxpr(step)(init_train_state(params, opt), batch))) == (name == "pallas")
+        state, m = jax.jit(step)(init_train_state(params, opt), batch)
+        deltas = jax.tree.map(lambda new, old: np.asarray(new) - old, state.params, params)
+        out[name] = ([float(m[k]) for k in ("loss", "entropy", "grad_norm")], jax.tree.leaves(deltas))
+    (m_r, d_r), (m_k, d_k) = out["reference"], out["pallas"]
+    assert abs(m_r[0]) > 1e-3 and m_r[2] > 1e-3
+    np.testing.assert_allclose(m_k, m_r, rtol=1e-4, atol=1e-6)
+    for a, b, p in zip(d_k, d_r, jax.tree.leaves(params)):
+        ulp = float(np.spacing(np.abs(p).max().astype(np.float32)))
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=max(1e-3 * float(np.abs(b).max()), 4 * ulp))
+
+
+def test_unavailable_implementations_are_refused(monkeypatch):
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(ConfigError, match="attention_impl"):
+        dataclasses.replace(tiny(), attention_impl="flash")
+    with pytest.raises(ConfigError, match="attention_impl='cudnn' takes bfloat16"):
+        dataclasses.replace(tiny(), attention_impl="cudnn")  # tiny computes in float32
+    cfg = dataclasses.replace(tiny(), attention_impl="cudnn", dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(0))
+    # cuDNN on CPU: refused when the forward pass is traced, naming the field and the backend
+    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):
+        forward_hidden(params, tokens, cfg)
+    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):  # and in decoding
+        cached_attention(*_qkv(1, 1, 4, 4, 32, jnp.bfloat16), jnp.zeros((1, 1), jnp.int32),
+                         init_cache(cfg, 1, 16), 0, cfg)
+    with pytest.raises(ValueError, match="cannot compile"):
+        check_impl("pallas", interpret=False)
+    with pytest.raises(ValueError, match="positions_BT need ModelConfig.attention_impl='reference'"):
+        forward_hidden(params, tokens, dataclasses.replace(cfg, attention_impl="pallas"),
+                       positions_BT=jnp.arange(8)[None] + 3)
+    with pytest.raises(ValueError, match="power of two"):
+        pallas_attention(*_qkv(1, 8, 2, 2, 16, jnp.float32), block=24)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with pytest.raises(ValueError, match=r"attention_impl='pallas' has no compiled kernel.*'tpu'"):
+        check_impl("pallas")
+    assert check_impl("reference") is None  # the reference runs everywhere
+
+
+def test_run_path_carries_the_kernel_choices():
+    """A preset's attention / log-prob implementation reaches a model read from a checkpoint's config."""
+    preset = dataclasses.replace(tiny(), attention_impl="pallas", logprobs_impl="pallas")
+    got = model_from_checkpoint(preset, tiny())
+    assert (got.attention_impl, got.logprobs_impl) == ("pallas", "pallas")

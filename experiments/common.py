@@ -208,6 +208,11 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
              f"- Filtered zero-variance groups: {summary['filtered_groups']}; prompts removed by No-Positive-"
              f"Resampling: {summary['npr']['n_removed']}; skipped steps: {summary['skipped_steps']}; batches dropped "
              f"as too stale: {summary['dropped_stale_batches']}.", ""]
+    if len(summary.get("tasks", {})) > 1:
+        at = next(i for i, line in enumerate(lines) if line.startswith("- Generators: "))
+        lines.insert(at, "- Tasks: " + "; ".join(f"{t} {v['n_train']} train / {v['n_val']} validation prompts, "
+                                            f"{v['weight']:.0%} of each batch" for t, v in summary["tasks"].items())
+                     + ".")
     if summary.get("sandbox"):
         sb = summary["sandbox"]
         lines.insert(-1, f"- Code sandbox: {sb.get('describe', sb['isolation'])} (sandbox.isolation="

@@ -228,3 +228,20 @@ def test_tiny_mathcode_plan_and_print_config(capsys):
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["data"]["code_source"] == "synthetic" and cfg["data"]["code_weight"] == 0.25
     assert cfg["sandbox"]["isolation"] == "auto"
+
+
+def test_code_jsonl_with_humaneval_as_eval():
+    from pathlib import Path
+
+    from scalerl_jax.data.code_tasks import HUMANEVAL_SIZE
+    from scalerl_jax.data.pipeline import code_split
+
+    toy = str(Path(__file__).resolve().parents[1] / "data" / "code" / "toy.jsonl")
+    train, val = code_split("jsonl", path=toy, evaluate="humaneval", render=lambda q: q + "\n\nCode:")
+    assert len(train) == 5 and len(val) == HUMANEVAL_SIZE  # every toy row trains; HumanEval validates
+    assert all(p.task == "code" and p.code is not None for p in (*train, *val))
+    assert val[0].code.task_id == "HumanEval/0" and val[0].prompt.endswith("\n\nCode:")
+    ids = [p.prompt_id for p in (*train, *val)]
+    assert len(set(ids)) == len(ids) and min(ids) >= CODE_ID_OFFSET
+    train, val = code_split("jsonl", path=toy, val_size=2, seed=0)
+    assert len(train) == 3 and len(val) == 2

@@ -312,8 +312,7 @@ class DataConfig:
     npr: bool = True  # No-Positive-Resampling: retire prompts the policy solves
     npr_threshold: float = 0.9  # pass rate at which NPR retires a prompt for good
     skip_malformed: bool = False  # skip a malformed jsonl row instead of stopping at FILE:LINE
-    # ---- code prompts mixed into the math stream (multi-task runs; rewards through the code sandbox) ----
-    #: none: math only; synthetic: the tiny "f(0)=b,f(1)=c:" task (a Python expression graded by hidden asserts);
+    #: none: math only; synthetic: the tiny f(x) task (a Python expression graded by hidden asserts);
     #: jsonl: CodeTask rows at code_path (scalerl_jax.data.code_tasks)
     code_source: Literal["none", "synthetic", "jsonl"] = "none"
     code_path: str = ""  # the code task jsonl file (code_source=jsonl)

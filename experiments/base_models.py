@@ -7,6 +7,9 @@ Presets that make their own (``ExperimentPlan.base_kind``):
 
 - ``char_arith`` (tiny, smoke, the MoE twins): the 17-symbol character tokenizer and a supervised warm start on
   the synthetic task ``a+b*c=`` (DESIGN.md "The tiny default").
+- ``char_mathcode`` (tiny_mathcode): a 24-symbol character tokenizer (the 17 above plus ``-x(),:f``) and a
+  supervised warm start on the same arithmetic and the synthetic code task ``f(0)=b,f(1)=c:`` in equal parts
+  (:mod:`scalerl_jax.data.code_synth`).
 - ``word_arith`` (small): the same arithmetic written as English word problems with ``\\boxed{}`` answers
   (:mod:`scalerl_jax.data.word_arith`) in a jsonl file, a byte-level BPE trained on that text with the
   ``tokenizers`` library, and a supervised warm start on the question/answer rows: a small Llama that then goes
@@ -82,7 +85,7 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
         log(f"[base] reusing the warm start in {ws_dir}")
         return BaseModel(ws_dir, data_path)
     t0 = time.time()
-    if plan.base_kind == "char_arith":
+    if plan.base_kind in ("char_arith", "char_mathcode"):
         _make_char_arith(plan, ws_dir, run_dir, log)
     elif plan.base_kind == "word_arith":
         _make_word_arith(plan, ws_dir, run_dir, log)
@@ -94,20 +97,34 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
     return BaseModel(check_model_dir(ws_dir, "base model"), data_path, seconds=time.time() - t0, made=True)
 
 
+WARM_PER_TASK = 20000  # char_mathcode: warm-start problems per task (the code task's are repeated to match)
+
+
 def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> None:
-    from scalerl_jax.data.pipeline import build_prompt_data
-    from scalerl_jax.data.tokenizer import HFTokenizer
+    from scalerl_jax.data.code_synth import FX_SYMBOLS
+    from scalerl_jax.data.pipeline import build_prompt_data, code_split
+    from scalerl_jax.data.tokenizer import CHAR_SYMBOLS, HFTokenizer
     from scalerl_jax.data.tokenizer_build import save_char_tokenizer
     from scalerl_jax.models.hf_io import save_hf_checkpoint
     from scalerl_jax.train.warmstart import warm_start
 
     exp = plan.exp
-    save_char_tokenizer(ws_dir, model_max_length=exp.model.max_seq_len)
+    code = plan.base_kind == "char_mathcode"
+    if code != (exp.data.code_source == "synthetic"):
+        raise ConfigError(f"base_kind {plan.base_kind!r} with data.code_source={exp.data.code_source!r}: the "
+                          "character base models know the synthetic code task only as 'char_mathcode' (its "
+                          "vocabulary) with code_source='synthetic'")
+    save_char_tokenizer(ws_dir, model_max_length=exp.model.max_seq_len, symbols=FX_SYMBOLS if code else CHAR_SYMBOLS)
     tok = HFTokenizer(str(ws_dir))
     data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
-    log(f"[base] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(data.train)} synthetic "
-        "problems")
-    params = warm_start(dataclasses.replace(exp.model, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
+    problems = data.train
+    if code:  # both tasks in equal parts; the RL run's own splits, so the warm start never sees a validation prompt
+        code_train, _ = code_split("synthetic", val_size=exp.data.code_val_size, seed=exp.data.seed)
+        n = min(len(problems), WARM_PER_TASK)
+        problems = problems[:n] + (code_train * -(-n // len(code_train)))[:n]
+    log(f"[base] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(problems)} synthetic "
+        f"problems{' (half arithmetic, half code)' if code else ''}")
+    params = warm_start(dataclasses.replace(exp.model, head_dtype=WARM_HEAD_DTYPE), problems, encode=tok.encode,
                         eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
                         batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
                         log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)

@@ -138,7 +138,9 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
     model = {k: v for k, v in dataclasses.asdict(exp.model).items() if k != "head_dtype"}  # always WARM_HEAD_DTYPE
     return json.loads(json.dumps({
         "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
-                                 "val_size": exp.data.val_size},
+                                 "val_size": exp.data.val_size,
+                                 **({"code_source": exp.data.code_source, "code_val_size": exp.data.code_val_size}
+                                    if exp.data.code_source != "none" else {})},
         "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
         "base_kind": plan.base_kind,
@@ -206,19 +208,39 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
              f"- Filtered zero-variance groups: {summary['filtered_groups']}; prompts removed by No-Positive-"
              f"Resampling: {summary['npr']['n_removed']}; skipped steps: {summary['skipped_steps']}; batches dropped "
              f"as too stale: {summary['dropped_stale_batches']}.", ""]
+    if len(summary.get("tasks", {})) > 1:
+        at = next(i for i, line in enumerate(lines) if line.startswith("- Generators: "))
+        lines.insert(at, "- Tasks: " + "; ".join(f"{t} {v['n_train']} train / {v['n_val']} validation prompts, "
+                                            f"{v['weight']:.0%} of each batch" for t, v in summary["tasks"].items())
+                     + ".")
+    if summary.get("sandbox"):
+        sb = summary["sandbox"]
+        lines.insert(-1, f"- Code sandbox: {sb.get('describe', sb['isolation'])} (sandbox.isolation="
+                         f"{sb['configured']!r})" + (f"; {sb['runs']['runs']} programs run, "
+                                                     f"{sb['runs']['sandbox_error']} sandbox errors."
+                                                     if "runs" in sb else "."))
     if evals:
-        r0, r1 = evals[0]["val_reward"], evals[-1]["val_reward"]
-        best = max(e["val_reward"] for e in evals)
-        lines += ["## Validation reward (mean pass rate)", "",
-                  f"Start {r0:.3f} -> end {r1:.3f} ({(r1 - r0) * 100:+.1f} points); best {best:.3f}.", "",
-                  "| step | device-hours | val reward |", "|---|---|---|"]
-        lines += [f"| {e['step']} | {e['device_hours']:.5f} | {e['val_reward']:.3f} |" for e in evals]
+        keys = ["val_reward", *sorted({k for e in evals for k in e if k.startswith("val_reward_")})]
+        names = {k: "all" if k == "val_reward" else k[len("val_reward_"):] for k in keys}
+        lines += ["## Validation reward (mean pass rate)", ""]
+        for k in keys:
+            r0, r1 = evals[0].get(k, float("nan")), evals[-1].get(k, float("nan"))
+            best = max(e.get(k, float("nan")) for e in evals)
+            lines.append(f"- {names[k] if len(keys) > 1 else 'Validation'}: start {r0:.3f} -> end {r1:.3f} "
+                         f"({(r1 - r0) * 100:+.1f} points); best {best:.3f}.")
+        lines += ["", "| step | device-hours | " + " | ".join(f"val reward ({names[k]})" if len(keys) > 1
+                                                             else "val reward" for k in keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]
+        lines += [f"| {e['step']} | {e['device_hours']:.5f} | "
+                  + " | ".join(f"{e.get(k, float('nan')):.3f}" for k in keys) + " |" for e in evals]
         lines.append("")
     if fit_summary and "runs" in fit_summary:
         for name, e in fit_summary["runs"].items():
             b = e["bayes"]["summary"] if "summary" in e["bayes"] else e["bayes"]
             p = e["prediction"]
-            lines += ["## Scaling fit (first half of compute)", "",
+            what = e.get("reward_key", "val_reward")
+            lines += [f"## Scaling fit of {'val_reward' if what == 'val_reward' else what} (`{name}`, first half "
+                      "of compute)", "",
                       f"Fitted on {e['n_fit']} eval points up to {e['fit_until_compute']:.5f} device-hours.", ""]
             for k in ("A", "B", "C_mid"):
                 if k in b:

@@ -92,6 +92,27 @@ def smoke_plan(seed: int = 0) -> ExperimentPlan:
     return R(p, exp=exp)
 
 
+def tiny_mathcode_plan(seed: int = 0) -> ExperimentPlan:
+    """The tiny recipe on math and code at once (the paper's math+code run, at CPU size): half of every batch is the
+    arithmetic task, half the synthetic code task (``f(0)=7,f(1)=19:`` -> ``19-7=12#x*12+7``, the body of
+    ``def f(x)`` graded by hidden asserts in the code sandbox; scalerl_jax/data/code_synth.py).
+
+    A 24-character vocabulary (the tiny 17 plus ``-x(),:f``) and a warm start on both tasks in equal parts, with
+    tiny's headroom on both: 60 % of the warm-start targets work the scratchpad but never write the answer after
+    ``#`` (no ``#Y``, no function body), so RL has to learn to commit on each task. Eval rows carry
+    ``val_reward_math`` and ``val_reward_code`` beside the combined ``val_reward``; the fit and the report cover
+    all three curves. 24 prompts x 8 samples per batch (12 of each task) keep the sandbox's work per step (one
+    run per distinct program of a prompt's samples) within a 2-core CPU's reach."""
+    p = tiny_plan(seed)
+    length = R(p.exp.rollout.length, think_budget_lo=20, think_budget_hi=26, answer_budget=8)
+    exp = R(p.exp, name="scalerl_tiny_mathcode", model=R(tiny(), vocab_size=24),
+            rollout=R(p.exp.rollout, prompts_per_batch=24, max_prompt_len=16, max_new_tokens=35, length=length),
+            data=R(p.exp.data, val_size=100, code_source="synthetic", code_weight=0.5, code_val_size=100),
+            train=R(p.exp.train, steps=96, eval_every=6, checkpoint_every=48),
+            out_dir="runs/tiny_mathcode")
+    return R(p, exp=exp, seq_len=51, warm_steps=512, base_kind="char_mathcode")
+
+
 def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     """RECIPE.md's 8B recipe: 48 prompts x 16, AdamW 5e-7 (100 warm-up), eps 1e-15, wd 0.01, CISPO eps_max 5,
     interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators.
@@ -135,7 +156,7 @@ def scout_plan(seed: int = 0) -> ExperimentPlan:
 
 
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,
-                                                       "8b": real_8b_plan}
+                                                       "tiny_mathcode": tiny_mathcode_plan, "8b": real_8b_plan}
 MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,
                                                            "scout": scout_plan}
 

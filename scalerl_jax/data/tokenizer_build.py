@@ -34,15 +34,18 @@ def _write_config(directory: Path, *, bos: str | None, eos: str, pad: str, model
         {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad)) if v is not None}, indent=2))
 
 
-def save_char_tokenizer(directory: str | Path, *, model_max_length: int = 64) -> Path:
-    """Write the tiny task's 17-symbol character tokenizer (same ids as
-    :class:`~scalerl_jax.data.tokenizer.CharTokenizer`: ``<pad>`` 0, ``<eos>`` 1, then ``0123456789+*=;#``) as a
-    ``tokenizer.json`` directory. Returns the directory."""
+def save_char_tokenizer(directory: str | Path, *, model_max_length: int = 64, symbols: str = CHAR_SYMBOLS) -> Path:
+    """Write a character tokenizer as a ``tokenizer.json`` directory: ``<pad>`` 0, ``<eos>`` 1, then one id per
+    character of ``symbols`` in order. The default is the tiny task's 17-token vocabulary (the same ids as
+    :class:`~scalerl_jax.data.tokenizer.CharTokenizer`); the math+code preset passes
+    :data:`~scalerl_jax.data.code_synth.FX_SYMBOLS`. Returns the directory."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+    if len(set(symbols)) != len(symbols) or not symbols:
+        raise ValueError(f"save_char_tokenizer: symbols must be distinct characters, got {symbols!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = {CHAR_PAD: 0, CHAR_EOS: 1, **{ch: i + 2 for i, ch in enumerate(CHAR_SYMBOLS)}}
+    vocab = {CHAR_PAD: 0, CHAR_EOS: 1, **{ch: i + 2 for i, ch in enumerate(symbols)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=None))  # an unknown character is an error, never <unk>
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

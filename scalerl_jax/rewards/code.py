@@ -92,17 +92,20 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
                  ) -> list[CodeResult]:
     """One :class:`CodeResult` per completion: the program extracted from it
     (:func:`~scalerl_jax.data.code_tasks.extract_program`) run against its task's tests through ``pool`` (default:
-    :func:`default_pool`). A completion without a program fails without a run (``detail`` says so)."""
+    :func:`default_pool`). A completion without a program fails without a run (``detail`` says so). Identical jobs
+    (same program, tests and entry point: the samples of one prompt often agree) run once and share the result."""
     from scalerl_jax.data.code_tasks import extract_program
 
     if len(completions) != len(tasks):
         raise ValueError(f"code_results: {len(completions)} completions for {len(tasks)} tasks")
     pool = pool or default_pool()
     programs = [extract_program(c, t.code_prefix, t.entry_point) for c, t in zip(completions, tasks, strict=True)]
-    runs = [k for k, p in enumerate(programs) if p is not None]
-    ran = dict(zip(runs, pool.map([CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k in runs]),
-                   strict=True))
-    return [ran.get(k) or CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation) for k in range(len(programs))]
+    jobs = {k: CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k, p in enumerate(programs)
+            if p is not None}
+    unique = list(dict.fromkeys(jobs.values()))
+    ran = dict(zip(unique, pool.map(unique), strict=True))
+    return [ran[jobs[k]] if k in jobs else CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation)
+            for k in range(len(programs))]
 
 
 def score_code(completions: Sequence[str], tasks: Sequence[CodeTask], pool: CodePool | None = None

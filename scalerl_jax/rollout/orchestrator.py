@@ -77,7 +77,8 @@ class RolloutProducer:
             if self.bos_id is not None and ids[:1] != [self.bos_id]:  # a chat template may have written it
                 ids = [self.bos_id, *ids]
             out.append(GenerationRequest(prompt_ids=ids, params=sampling or self.sampling, length=self.length,
-                                         request_id=str(p.prompt_id), meta={"prompt_id": p.prompt_id}))
+                                         request_id=str(p.prompt_id),
+                                         meta={"prompt_id": p.prompt_id, "task": p.task}))
         return out
 
     def generate_and_score(self, problems: Sequence[Problem], sampling: SamplingParams | None = None):

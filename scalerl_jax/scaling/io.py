@@ -12,7 +12,9 @@ import numpy as np
 
 from .checks import ScalingFitWarning
 
-__all__ = ["RunCurve", "load_run", "fit_window"]
+__all__ = ["RunCurve", "fit_window", "load_run", "task_keys"]
+
+TASK_PREFIX = "val_reward_"  # a multi-task run's eval rows carry val_reward_<task> (and val_n_<task>)
 
 
 @dataclasses.dataclass
@@ -27,23 +29,49 @@ class RunCurve:
     step: np.ndarray
     val_n: np.ndarray | None
     val_k: np.ndarray | None
+    reward_key: str = "val_reward"  # the eval-row column the rewards came from
 
 
 def _finite_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def load_run(run_dir, compute_key: str = "device_hours", name: str | None = None) -> RunCurve:
-    """Eval rows ("kind": "eval") of ``run_dir``/metrics.jsonl (or of the file itself) as a RunCurve.
-
-    Rows without a finite ``compute_key`` or ``val_reward`` are skipped with a warning (an eval that
-    failed); rows repeating a compute value (a resumed run re-logging a step) keep the last one.
-    Raises FileNotFoundError / ValueError naming the file when there is nothing usable.
-    """
+def _metrics_file(run_dir) -> Path:
     path = Path(run_dir)
     file = path / "metrics.jsonl" if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no metrics.jsonl at {file}")
+    return file
+
+
+def task_keys(run_dir) -> list[str]:
+    """The per-task reward keys (``val_reward_<task>``, sorted) that the eval rows of a multi-task run carry; empty
+    for a single-task run."""
+    keys = set()
+    with open(_metrics_file(run_dir)) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and row.get("kind") == "eval":
+                keys |= {k for k in row if k.startswith(TASK_PREFIX)}
+    return sorted(keys)
+
+
+def load_run(run_dir, compute_key: str = "device_hours", name: str | None = None,
+             reward_key: str = "val_reward") -> RunCurve:
+    """Eval rows ("kind": "eval") of ``run_dir``/metrics.jsonl (or of the file itself) as a RunCurve.
+
+    ``reward_key`` is the reward column: ``val_reward`` (the whole validation set) or one task's
+    ``val_reward_<task>`` (prompt counts then from ``val_n_<task>``). Rows without a finite ``compute_key`` or
+    reward are skipped with a warning (an eval that failed); rows repeating a compute value (a resumed run
+    re-logging a step) keep the last one. Raises FileNotFoundError / ValueError naming the file when there is
+    nothing usable.
+    """
+    path = Path(run_dir)
+    file = _metrics_file(run_dir)
+    n_key = "val_n_" + reward_key[len(TASK_PREFIX):] if reward_key.startswith(TASK_PREFIX) else "val_n"
     rows, skipped, broken = [], 0, 0
     with open(file) as f:
         for line in f:
@@ -57,7 +85,7 @@ def load_run(run_dir, compute_key: str = "device_hours", name: str | None = None
                 continue
             if not isinstance(row, dict) or row.get("kind") != "eval":
                 continue
-            if not (_finite_number(row.get(compute_key)) and _finite_number(row.get("val_reward"))):
+            if not (_finite_number(row.get(compute_key)) and _finite_number(row.get(reward_key))):
                 skipped += 1
                 continue
             rows.append(row)
@@ -65,12 +93,12 @@ def load_run(run_dir, compute_key: str = "device_hours", name: str | None = None
         warnings.warn(f"{file}: skipped {broken} unparseable lines", ScalingFitWarning, stacklevel=2)
     if skipped:
         warnings.warn(
-            f"{file}: skipped {skipped} eval rows without a finite {compute_key!r} or 'val_reward'",
+            f"{file}: skipped {skipped} eval rows without a finite {compute_key!r} or {reward_key!r}",
             ScalingFitWarning,
             stacklevel=2,
         )
     if not rows:
-        raise ValueError(f"{file}: no eval rows with {compute_key!r} and 'val_reward'")
+        raise ValueError(f"{file}: no eval rows with {compute_key!r} and {reward_key!r}")
     rows.sort(key=lambda r: r[compute_key])
     dedup = {}
     for r in rows:
@@ -82,16 +110,17 @@ def load_run(run_dir, compute_key: str = "device_hours", name: str | None = None
             stacklevel=2,
         )
     rows = list(dedup.values())
-    has_counts = all(_finite_number(r.get("val_n")) and _finite_number(r.get("val_k")) for r in rows)
+    has_counts = all(_finite_number(r.get(n_key)) and _finite_number(r.get("val_k")) for r in rows)
     return RunCurve(
         name=name or (path.name if path.is_dir() else path.parent.name) or str(path),
         path=str(file),
         compute_key=compute_key,
         compute=np.array([r[compute_key] for r in rows], dtype=float),
-        reward=np.array([r["val_reward"] for r in rows], dtype=float),
+        reward=np.array([r[reward_key] for r in rows], dtype=float),
         step=np.array([r.get("step", -1) for r in rows]),
-        val_n=np.array([r["val_n"] for r in rows], dtype=float) if has_counts else None,
+        val_n=np.array([r[n_key] for r in rows], dtype=float) if has_counts else None,
         val_k=np.array([r["val_k"] for r in rows], dtype=float) if has_counts else None,
+        reward_key=reward_key,
     )
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from .bayes import fit_bayes_batch
 from .compare import A_MARGIN, compare_at_shared_A, pairwise_table
 from .grid import fit_grid
-from .io import RunCurve, fit_window, load_run
+from .io import TASK_PREFIX, RunCurve, fit_window, load_run, task_keys
 from .plots import markdown_table, plot_A_posteriors, plot_efficiency, plot_fit, plot_table, save
 from .powerlaw import fit_power_law
 
@@ -52,12 +52,20 @@ def _caught(fn, *args, sink: list, **kwargs):
     return out
 
 
-def _load_curves(run_dirs, compute_key: str) -> list[RunCurve]:
-    """Read every run's eval curve; names made unique (a second ``run`` becomes ``run_1``)."""
+def _load_curves(run_dirs, compute_key: str, per_task: bool = True) -> list[RunCurve]:
+    """Read every run's eval curve; names made unique (a second ``run`` becomes ``run_1``). With ``per_task``, a
+    multi-task run (eval rows with ``val_reward_<task>``) adds one curve per task, named ``<run>_<task>``, after
+    its combined curve: the paper fits a math+code run's math and code curves separately."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     if not run_dirs:
         raise ValueError("fit_runs: no run directories given")
-    curves = [load_run(d, compute_key=compute_key) for d in run_dirs]
+    curves = []
+    for d in run_dirs:
+        combined = load_run(d, compute_key=compute_key)
+        curves.append(combined)
+        for key in task_keys(d) if per_task else []:
+            curves.append(load_run(d, compute_key=compute_key, name=f"{combined.name}_{key[len(TASK_PREFIX):]}",
+                                   reward_key=key))
     _unique_names(curves)
     return curves
 
@@ -132,6 +140,7 @@ def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_
     entry = {
         "path": curve.path,
         "compute_key": compute_key,
+        "reward_key": curve.reward_key,
         "n_points": int(curve.compute.size),
         "n_fit": int(np.sum(mask & (curve.compute >= excl))),
         "fit_until_compute": limit,
@@ -186,6 +195,7 @@ def fit_runs(
     num_chains: int = 4,
     num_warmup: int | None = None,
     make_plots: bool = True,
+    per_task: bool = True,
 ) -> dict:
     """Fit each run's eval curve on its first ``fit_until`` fraction of compute (or up to ``fit_until_compute``),
     predict the reward at ``target_compute`` and compare runs; write summary.json, plots and report.md.
@@ -197,13 +207,14 @@ def fit_runs(
             else twice the window (the paper's protocol: fit on half, predict the whole).
         exclude_below: drop points below this compute from every fit (the paper's first ~1.5k GPU-h).
         compute_key: eval-row column used as compute ("device_hours" or "flops").
+        per_task: also fit each task's curve of a multi-task run (``val_reward_<task>``), as ``<run>_<task>``.
         seed, num_samples, num_chains, num_warmup: NUTS settings for fit_bayes.
     Returns the summary dict written to summary.json.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     excl = float(exclude_below or 0.0)
-    curves = _load_curves(run_dirs, compute_key)
+    curves = _load_curves(run_dirs, compute_key, per_task)
     windows = {c.name: _window(c, fit_until, fit_until_compute, excl) for c in curves}
     inputs = {c.name: _bayes_inputs(c, windows[c.name][0], excl) for c in curves}
     notes = {c.name: [] for c in curves}
@@ -220,7 +231,9 @@ def fit_runs(
                            compute_label=compute_key)
             figures += save(fig, out, f"fit_{name}")
 
-    pairwise, shared = _compare(posteriors, seed=seed, num_samples=num_samples, num_chains=num_chains)
+    # runs are compared on their combined curves (a run's task curves are parts of it, not rivals)
+    combined = {c.name: posteriors[c.name] for c in curves if c.reward_key == "val_reward"}
+    pairwise, shared = _compare(combined, seed=seed, num_samples=num_samples, num_chains=num_chains)
     if make_plots:
         figures += _plot_overview(curves, posteriors, pairwise, out)
     summary = {

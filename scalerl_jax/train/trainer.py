@@ -32,6 +32,23 @@ from scalerl_jax.train.rl_batch import batch_is_finite, build_train_batch
 from scalerl_jax.train.step import TrainState
 
 
+def per_task_rewards(problems, rewards, key: str, count_key: str) -> dict[str, float]:
+    """Each task's share of a scored set, for a multi-task run (empty when every problem has one task): per task
+    ``t`` (``Problem.task``), ``{key}_{t}`` the pass rate (fraction of completions with reward > 0) and
+    ``{count_key}_{t}`` the number of prompts. ``rewards[i]`` holds the rewards of ``problems[i]``'s samples."""
+    by_task: dict[str, list[np.ndarray]] = {}
+    for p, r in zip(problems, rewards, strict=True):
+        by_task.setdefault(p.task, []).append(np.asarray(r, np.float32))
+    if len(by_task) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for t in sorted(by_task):
+        flat = np.concatenate(by_task[t])
+        out[f"{key}_{t}"] = float((flat > 0).mean()) if flat.size else float("nan")
+        out[f"{count_key}_{t}"] = len(by_task[t])
+    return out
+
+
 @dataclasses.dataclass
 class Counters:
     compute_s: float = 0.0
@@ -146,8 +163,11 @@ class RLTrainer:
         trunc = np.mean([c.truncated for g in groups for c in g]) if groups else 0.0
         dt = time.perf_counter() - t0
         self.counters.eval_s += dt
+        # a multi-task run: val_reward_<task> and val_n_<task> beside the combined val_reward (RECIPE.md: the paper
+        # fits the math and the code curve of its math+code run separately)
         return {"val_reward": float((flat > 0).mean()), "val_n": len(val), "val_k": self.tcfg.eval_samples,
-                "val_truncation_rate": float(trunc), "val_tokens": n_tok, "eval_seconds": dt, **{
+                **per_task_rewards(val, rewards, "val_reward", "val_n"), "val_truncation_rate": float(trunc),
+                "val_tokens": n_tok, "eval_seconds": dt, **{
                     f"val_{k}": v for k, v in counts.items()}}
 
     def _compute_row(self) -> dict[str, float]:
@@ -159,7 +179,9 @@ class RLTrainer:
     def _eval_row(self) -> None:
         row = {"kind": "eval", "step": int(self.state.step), **self.evaluate(), **self._compute_row()}
         self.metrics.write(row)
-        self.log(f"[eval] step {row['step']}: val_reward {row['val_reward']:.3f} "
+        by_task = "".join(f", {k[len('val_reward_'):]} {v:.3f}" for k, v in row.items()
+                          if k.startswith("val_reward_"))
+        self.log(f"[eval] step {row['step']}: val_reward {row['val_reward']:.3f}{by_task} "
                  f"({row['val_n']} prompts x {row['val_k']}), device_hours {row['device_hours']:.5f}")
         self.last_val = row["val_reward"]
 
@@ -201,7 +223,8 @@ class RLTrainer:
                 "n_groups": stats.n_groups, "n_filtered_groups": stats.n_filtered_groups,
                 "npr_removed": self.curriculum.stats()["n_removed"], "gen_seconds": rb.gen_seconds,
                 "gen_tokens_per_s": rb.n_generated_tokens / max(rb.gen_seconds, 1e-9),
-                "interruption_rate": stats.interruption_rate, "completion_len": stats.completion_len_mean}
+                "interruption_rate": stats.interruption_rate, "completion_len": stats.completion_len_mean,
+                **per_task_rewards(rb.problems, rb.rewards, "pass_rate", "n_groups")}
         if not batch_is_finite(batch):
             self.counters.skipped_steps += 1
             self.metrics.write({"kind": "error", **base, "reason": "non-finite rewards or log-probs; update skipped",

@@ -35,7 +35,7 @@ import numpy as np
 
 from experiments.base_models import BaseModel, prepare_base
 from experiments.common import ExperimentPlan, write_report
-from scalerl_jax.config import ConfigError, ExperimentConfig, ModelConfig
+from scalerl_jax.config import ConfigError, ExperimentConfig, ModelConfig, generator_model
 
 R = dataclasses.replace
 
@@ -251,9 +251,10 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 
         host = jax.tree.map(np.asarray, params)
         n_rows = ro.prompts_per_batch * ro.group_size
-        train = JaxEngine(exp.model, host, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=ro.decode_chunk,
+        gen_cfg = generator_model(exp)
+        train = JaxEngine(gen_cfg, host, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=ro.decode_chunk,
                           seed=exp.train.seed)
-        ev = JaxEngine(exp.model, host, max_batch=min(1024, n_val * exp.train.eval_samples), max_len=plan.seq_len,
+        ev = JaxEngine(gen_cfg, host, max_batch=min(1024, n_val * exp.train.eval_samples), max_len=plan.seq_len,
                        decode_chunk=ro.decode_chunk, seed=exp.train.seed + 1)
         return Generators(train, ev)
     from scalerl_jax.rollout.remote import RemoteGenerator
@@ -275,7 +276,9 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
                                   "--sglang-urls")
             gens.fleet = LocalFleet(base_dir, ro.local_servers, log_dir=run_dir / "fleet",
                                     max_batch=ro.prompts_per_batch * ro.group_size, max_len=plan.seq_len,
-                                    decode_chunk=ro.decode_chunk, seed=exp.train.seed, log=log)
+                                    decode_chunk=ro.decode_chunk, seed=exp.train.seed, log=log,
+                                    extra_server_args=(() if ro.generator_dtype == "same"
+                                                       else ("--dtype", generator_model(exp).dtype)))
             gens.fleet.start()
             urls = (gens.fleet.url,)
         client = SGLangGenerator(list(urls), length=length, timeout_s=ro.request_timeout_s,

@@ -287,6 +287,11 @@ class RolloutConfig:
     sglang_urls: tuple[str, ...] = ()  # servers, or one sglang-router URL in front of them
     local_servers: int = 0  # > 0: the experiment starts this many `scalerl_jax.serve` processes + sglang-router
     weight_dtype: DType = "float32"  # dtype of the HF checkpoints exported to the fleet after every update
+    #: compute and weight dtype of the generators (embedded engines, --generators servers); "same": the
+    #: trainer's model.dtype / param_dtype. The LM head keeps model.head_dtype on both sides (ScaleRL: FP32 in
+    #: generator and trainer); "bfloat16" samples as SGLang serves, so the trainer's recomputed log-probs differ
+    #: from the recorded ones (logged per step as logp_diff_abs_mean and is_ratio_std)
+    generator_dtype: Literal["same", "float32", "bfloat16"] = "same"
     keep_exports: int = 3  # weight exports kept on disk (older ones are deleted)
     request_timeout_s: float = 600.0  # one /generate call to a server
     client_concurrency: int = 64  # /generate calls in flight from the trainer
@@ -299,6 +304,8 @@ class RolloutConfig:
         _check(self.temperature > 0, f"RolloutConfig.temperature must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
         _check(self.engine in ("embedded", "sglang"), f"RolloutConfig.engine: unknown {self.engine!r}")
+        _check(self.generator_dtype in ("same", "float32", "bfloat16"),
+               f"RolloutConfig.generator_dtype must be same|float32|bfloat16, got {self.generator_dtype!r}")
         _check(self.local_servers >= 0, f"RolloutConfig.local_servers must be >= 0, got {self.local_servers}")
         _check(not (self.local_servers and self.sglang_urls),
                "RolloutConfig: give sglang_urls (an existing fleet) or local_servers (start one), not both")
@@ -406,6 +413,13 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the code reward's sandbox
     out_dir: str = "runs/scalerl"  # run directory (--out sets it)
+
+
+def generator_model(exp: ExperimentConfig) -> ModelConfig:
+    """The model config the generators run: the trainer's, with ``rollout.generator_dtype`` (unless "same") as
+    compute and weight dtype. The head dtype is the trainer's (the FP32-head choice applies to both sides)."""
+    g = exp.rollout.generator_dtype
+    return exp.model if g == "same" else dataclasses.replace(exp.model, dtype=g, param_dtype=g)
 
 
 def from_dict(cls: type, data: dict[str, Any]):

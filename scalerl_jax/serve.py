@@ -59,6 +59,9 @@ class ServeArgs:
     """decode steps per jitted call; pauses and weight swaps happen between chunks"""
     seed: int = 0
     """sampling seed of the engine"""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """compute and weight dtype of the engine (SGLang's --dtype); auto: the preset's, or for --model compute in
+    the checkpoint's torch_dtype over float32 weights. The LM head keeps the model config's head_dtype"""
     weight_version: int = 0
     """version tag of the initial weights"""
     batch_wait_ms: float = 20.0
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.dtype != "auto":
+        cfg = dataclasses.replace(cfg, dtype=args.dtype, param_dtype=args.dtype)
     engine = JaxEngine(cfg, params, max_batch=args.max_batch, max_len=args.max_len or cfg.max_seq_len,
                        decode_chunk=args.decode_chunk, seed=args.seed, version=args.weight_version)
     app = create_app(engine, ServerInfo(model_path, tokenizer_path), tokenizer=tokenizer,

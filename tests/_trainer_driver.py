@@ -34,6 +34,7 @@ from scalerl_jax.config import (
     MeshConfig,
     RolloutConfig,
     TrainConfig,
+    generator_model,
 )
 from scalerl_jax.data.pipeline import PromptData
 from scalerl_jax.data.tasks import Problem, arith_split
@@ -90,10 +91,11 @@ def build_trainer(run_dir, exp: ExperimentConfig, *, data: PromptData | None = N
     if params is None:
         params = jax.tree.map(np.asarray, init_params(mcfg, jax.random.key(exp.train.seed)))
     rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
-    engine = JaxEngine(mcfg, params, max_batch=rows, max_len=SEQ_LEN, decode_chunk=exp.rollout.decode_chunk,
+    gen_cfg = generator_model(exp)  # the run path's rule: rollout.generator_dtype over the trainer's model
+    engine = JaxEngine(gen_cfg, params, max_batch=rows, max_len=SEQ_LEN, decode_chunk=exp.rollout.decode_chunk,
                        seed=exp.train.seed)
     # same batch bucket as the training engine, so both share one compiled prefill/decode
-    eval_engine = JaxEngine(mcfg, params, max_batch=rows, max_len=SEQ_LEN,
+    eval_engine = JaxEngine(gen_cfg, params, max_batch=rows, max_len=SEQ_LEN,
                             decode_chunk=exp.rollout.decode_chunk, seed=exp.train.seed + 1)
     gen = wrap_generator(engine) if wrap_generator else engine
     trainer = RLTrainer(exp, params, data=data, encode=TOK.encode, decode=TOK.decode,

@@ -69,6 +69,7 @@ def test_first_on_policy_step_has_unit_importance_ratios(tmp_path):
     assert n_tok >= 20 and row["n_tokens"] == n_tok
     for name in ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "seq_ratio_mean"):
         assert abs(row[name] - 1.0) < 1e-4, (name, row[name])
+    assert row["logp_diff_abs_mean"] < 1e-5 and row["is_ratio_std"] < 1e-4
 
     # the same ratios recomputed here from token_logprobs: 1 within 1e-4 on every trained token
     cfg = exp.model
@@ -84,3 +85,30 @@ def test_first_on_policy_step_has_unit_importance_ratios(tmp_path):
     _, m_shift = loss_fn(step_params, {k: jnp.asarray(v) for k, v in shifted.items()})
     assert abs(float(m_ok["is_ratio_max"]) - 1) < 1e-4 and abs(float(m_ok["is_ratio_min"]) - 1) < 1e-4
     assert float(m_shift["is_ratio_max"]) > 1.5 or float(m_shift["is_ratio_min"]) < 0.67
+
+
+def test_bf16_generators_show_their_mismatch_in_the_logged_statistics(tmp_path):
+    """rollout.generator_dtype = bfloat16 (as SGLang serves) against a float32 trainer: the first on-policy
+    step's logged mismatch equals |log pi_f32 - gen_logp| recomputed here from the float32 model, and is
+    clearly above the float32-generator case's (< 1e-5, above) while small (the same policy)."""
+    exp = make_exp(mode="ppo_off_policy", k=1, steps=1, npr=False)
+    exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, temperature=TEMP, top_p=TOP_P,
+                                                               generator_dtype="bfloat16"))
+    params = jax.tree.map(np.asarray, init_params(exp.model, jax.random.key(0), std=0.1))
+    seen = []
+
+    def on_batch(step, rb, batch, stats):
+        seen.append((batch.as_dict(), jax.device_get(trainer.state.params)))
+
+    trainer, engine = build_trainer(tmp_path, exp, params=params, on_batch=on_batch)
+    try:
+        assert engine.cfg.dtype == "bfloat16" and engine.cfg.head_dtype == "float32"
+        trainer.run()
+    finally:
+        trainer.close()
+    (batch, step_params), = seen
+    (row,) = read_metrics(tmp_path, "train")
+    lr = _log_ratios(step_params, exp.model, batch)  # float32 trainer vs the bf16 generator's records
+    assert 1e-3 < np.abs(lr).mean() < 0.2, np.abs(lr).mean()
+    assert row["logp_diff_abs_mean"] == pytest.approx(np.abs(lr).mean(), rel=1e-3)
+    assert row["is_ratio_std"] == pytest.approx(np.exp(lr).std(), rel=1e-2, abs=1e-6)

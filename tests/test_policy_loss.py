@@ -101,6 +101,10 @@ def test_hand_worked_loss(kind, agg):
     assert metrics["is_ratio_max"] == pytest.approx(8.0, rel=1e-5)
     assert metrics["is_ratio_min"] == pytest.approx(0.5, rel=1e-5)
     assert metrics["is_ratio_above_cap_frac"] == pytest.approx(2 / 7, rel=1e-6)
+    # sum rho^2 = 4 + .25 + 64 + .25 + 1 + 64 + .25 = 133.75; std = sqrt(E[rho^2] - E[rho]^2)
+    assert metrics["is_ratio_std"] == pytest.approx(math.sqrt(133.75 / 7 - (20.5 / 7) ** 2), rel=1e-5)
+    # |log rho| = ln2, ln2, ln8, ln2, 0, ln8, ln2 = 10 ln2 over 7 tokens (the padded 4.0 and row 3 do not count)
+    assert metrics["logp_diff_abs_mean"] == pytest.approx(10 * LN(2) / 7, rel=1e-5)
     assert metrics["seq_ratio_mean"] == pytest.approx((1 + 2 + 4 ** (1 / 3)) / 3, rel=1e-5)
     assert (metrics["n_tokens"], metrics["n_samples"], metrics["n_prompts"]) == (7, 3, 2)
     # Clipped tokens: cispo rho > 5 (2 tokens); dapo/grpo row0 t0, row1 t1, row2 t1; gspo all of row 2.

@@ -61,13 +61,14 @@ def _plan(base, out, steps):
     return R(plan, exp=exp, base_model=str(model_dir), seq_len=100)
 
 
-def _run(base, out, steps, on_batch=None, after=None, state=None):
+def _run(base, out, steps, on_batch=None, after=None, state=None, generator_dtype="same"):
     """RL through a local fleet of 2 servers + router; ``after(gens, summary)`` runs before the fleet stops."""
     from scalerl_jax.models import load_hf_checkpoint
 
     plan = _plan(base, out, steps)
     params, cfg = load_hf_checkpoint(plan.base_model)
-    plan = R(plan, exp=R(plan.exp, model=R(cfg, head_dtype="float32")))
+    plan = R(plan, exp=R(plan.exp, model=R(cfg, head_dtype="float32"),
+                         rollout=R(plan.exp.rollout, generator_dtype=generator_dtype)))
     tok = HFTokenizer(plan.base_model)
     data, _ = load_prompts(plan.exp, tok, tok.bos_id, log=lambda s: None)
     gens = build_generators(plan, params, base_dir=plan.base_model, run_dir=out, n_val=len(data.val),
@@ -109,14 +110,20 @@ def test_rl_through_two_servers_behind_the_router(base, tmp_path):
     def after(gens, summary):
         for url in gens.fleet.worker_urls:
             held[url] = httpx.get(url + "/get_weight_version", timeout=10).json()["weight_version"]
+            info = httpx.get(url + "/get_server_info", timeout=10).json()
+            held[url + " dtypes"] = (info["dtype"], info["model_config"]["param_dtype"],
+                                     info["model_config"]["head_dtype"])
             held[url + " updates"] = sum(e["event"] == "update_weights_from_disk"
                                          for e in httpx.get(url + "/stats", timeout=10).json()["events"])
 
     steps = 6
-    plan, data, summary = _run(base, tmp_path / "run", steps, on_batch, after)
+    # the servers generate in bfloat16 (rollout.generator_dtype, passed as serve --dtype), the LM head in float32
+    plan, data, summary = _run(base, tmp_path / "run", steps, on_batch, after, generator_dtype="bfloat16")
     assert summary["steps"] == steps
+    dtypes = {v for k, v in held.items() if k.endswith(" dtypes")}
+    assert dtypes == {("bfloat16", "bfloat16", "float32")}, held
     # every server holds the trainer's final weights and took one push per version (0 = the resumable start)
-    for url in [u for u in held if not u.endswith("updates")]:
+    for url in [u for u in held if not u.endswith(("updates", "dtypes"))]:
         assert held[url] == str(steps), held
         assert held[url + " updates"] == steps + 1, held
     # per-token versions respect k, and the staleness is real (pipelining happened)

@@ -101,7 +101,10 @@ def policy_loss(
       ``loss``; ``clip_frac`` (fraction of tokens where the clip / CISPO truncation is active; for GSPO the
       tokens of clipped sequences); ``is_ratio_mean``, ``is_ratio_max``, ``is_ratio_min`` (token ratio rho);
       ``is_ratio_above_cap_frac`` (rho > eps_max, for every kind); ``seq_ratio_mean`` (mean over completions of
-      the length-normalised sequence ratio s_i); ``n_tokens``, ``n_samples``, ``n_prompts``.
+      the length-normalised sequence ratio s_i); ``is_ratio_std`` (standard deviation of rho over the tokens) and
+      ``logp_diff_abs_mean`` (mean of |logp - gen_logp|): generator / trainer mismatch, pure numerics on an
+      on-policy batch (e.g. bfloat16 generators, ``RolloutConfig.generator_dtype``), plus policy lag on stale
+      ones; ``n_tokens``, ``n_samples``, ``n_prompts``.
     """
     if cfg.kind not in _KINDS:
         raise ValueError(f"LossConfig.kind must be one of {_KINDS}, got {cfg.kind!r}")
@@ -146,6 +149,9 @@ def policy_loss(
         "is_ratio_max": jnp.where(has_tok, jnp.max(jnp.where(on_BT, sg_ratio_BT, -jnp.inf)), 0.0),
         "is_ratio_min": jnp.where(has_tok, jnp.min(jnp.where(on_BT, sg_ratio_BT, jnp.inf)), 0.0),
         "is_ratio_above_cap_frac": ((sg_ratio_BT > cfg.eps_max) * mask_BT).sum() / denom,
+        "is_ratio_std": jnp.sqrt((jnp.square(sg_ratio_BT - (sg_ratio_BT * mask_BT).sum() / denom) * mask_BT).sum()
+                                 / denom),
+        "logp_diff_abs_mean": (jnp.abs(jax.lax.stop_gradient(log_ratio_BT)) * mask_BT).sum() / denom,
         "seq_ratio_mean": (jax.lax.stop_gradient(seq_ratio_B) * (len_B > 0)).sum() / jnp.maximum(n_samples, 1.0),
         "n_tokens": n_tokens,
         "n_samples": n_samples,

@@ -521,7 +521,8 @@ def _server_info(request: Request) -> dict[str, Any]:
             "load_balance_method": "round_robin", "context_length": max_len,
             "max_running_requests": engine.max_batch, "max_total_num_tokens": engine.max_batch * max_len,
             "max_prefill_tokens": engine.max_batch * max_len, "skip_tokenizer_init": st.tokenizer is None,
-            "device_count": st.devices, "internal_states": [{}], "model_config": dataclasses.asdict(engine.cfg),
+            "dtype": engine.cfg.dtype, "device_count": st.devices, "internal_states": [{}],
+            "model_config": dataclasses.asdict(engine.cfg),
             "decode_chunk": engine.decode_chunk, "paused": st.driver.paused, "version": SERVER_VERSION}
 
 

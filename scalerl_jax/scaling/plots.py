@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 
 from .law import efficiency_F  # noqa: E402
 
-__all__ = ["save", "plot_fit", "plot_A_posteriors", "plot_efficiency", "plot_table", "markdown_table"]
+__all__ = ["save", "plot_fit", "plot_A_posteriors", "plot_efficiency", "plot_table", "markdown_table",
+           "smooth_density"]
 
 
 def save(fig, out_dir, stem: str) -> list[str]:
@@ -56,6 +57,7 @@ def plot_fit(curve, posterior, fit_limit, target_compute=None, grid_fit=None, po
         xp = x[x > 0]
         ax.plot(xp, power_fit.predict(xp), color="C4", lw=1, ls=":", label=f"power law (A={power_fit.A:.3f})")
     s = posterior.summary()["A"]
+    ax.axhspan(s["lo"], s["hi"], color="C0", alpha=0.07, lw=0, label="A: 90 % interval")
     ax.axhline(s["mean"], color="C0", lw=0.8, ls=":")
     ax.set_ylim(max(0.0, float(np.min(r)) - 0.05), min(1.0, max(float(np.max(r)), s["hi"]) + 0.05))
     ax.set_xlabel(compute_label)
@@ -78,21 +80,53 @@ def _legend(ax, n: int) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
+def smooth_density(samples, lower: float | None = 0.0, upper: float | None = 1.0, n: int = 400):
+    """``(x, density)`` of ``samples`` on ``n`` points: a Gaussian kernel density (Scott's bandwidth, via
+    ``scipy.stats.gaussian_kde``) reflected at the support's bounds (A lies in [R0, 1]: without the reflection a
+    ceiling posterior piled against 1 would be drawn leaking past it and halved at the edge). Integrates to 1 over
+    the support. Degenerate samples (all equal, e.g. a fixed A) give ``(x, None)`` with x the value."""
+    from scipy.stats import gaussian_kde
+
+    a = np.asarray(samples, float)
+    a = a[np.isfinite(a)]
+    if a.size < 2 or np.ptp(a) == 0.0:
+        return np.array([float(a[0]) if a.size else float("nan")]), None
+    kde = gaussian_kde(a)
+    bw = float(np.sqrt(kde.covariance[0, 0]))
+    x_lo, x_hi = a.min() - 3 * bw, a.max() + 3 * bw
+    if lower is not None:
+        x_lo = max(x_lo, lower)
+    if upper is not None:
+        x_hi = min(x_hi, upper)
+    x = np.linspace(x_lo, x_hi, n)
+    y = kde(x)
+    if lower is not None:
+        y = y + kde(2 * lower - x)
+    if upper is not None:
+        y = y + kde(2 * upper - x)
+    return x, y
+
+
 def plot_A_posteriors(posteriors: dict):
-    """Posterior densities of A (the predicted ceilings) for one or several runs on one axis."""
+    """Posterior densities of A (the predicted ceilings) for one or several runs on one shared axis: smooth
+    densities (:func:`smooth_density`), each run's 90 % interval shaded under its curve and its mean marked."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for i, (name, post) in enumerate(posteriors.items()):
-        a = post.samples["A"]
-        lo, hi = np.quantile(a, [0.005, 0.995])
-        span = max(hi - lo, 1e-3)
-        bins = np.linspace(lo - 0.05 * span, hi + 0.05 * span, 60)
-        dens, edges = np.histogram(a, bins=bins, density=True)
-        mid = 0.5 * (edges[1:] + edges[:-1])
+        a = np.asarray(post.samples["A"], float)
         color = _color(i, len(posteriors))
-        ax.plot(mid, dens, color=color, lw=1.8, label=f"{name}: {np.mean(a):.3f}")
-        ax.fill_between(mid, dens, color=color, alpha=0.15)
-    ax.set_xlabel("A (asymptotic reward)")
+        lo, hi = np.quantile(a, [0.05, 0.95])
+        x, dens = smooth_density(a)
+        label = f"{name}: {np.mean(a):.3f} [{lo:.3f}, {hi:.3f}]"
+        if dens is None:  # A fixed: a spike
+            ax.axvline(x[0], color=color, lw=1.8, label=f"{name}: {x[0]:.3f} (fixed)")
+            continue
+        ax.plot(x, dens, color=color, lw=1.8, label=label)
+        inside = (x >= lo) & (x <= hi)
+        ax.fill_between(x[inside], dens[inside], color=color, alpha=0.2)
+        ax.axvline(float(np.mean(a)), color=color, lw=0.8, ls=":")
+    ax.set_xlabel("A (asymptotic reward); shaded: 90 % interval")
     ax.set_ylabel("posterior density")
+    ax.set_ylim(bottom=0.0)
     _legend(ax, len(posteriors))
     return fig
 

@@ -22,6 +22,15 @@ def python_exe() -> str:
     return sys.executable
 
 
+@pytest.fixture
+def pallas_interpret() -> bool | None:
+    """``interpret`` for the Pallas kernel tests (tests/test_kernel_*.py): None (interpret on CPU, compile on GPU)
+    unless SCALERL_PALLAS_INTERPRET forces it (``kernels.interpret_from_env``; benchmarks/gpu_check.sh sets 0)."""
+    from kernels import interpret_from_env
+
+    return interpret_from_env()
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """The whole smoke preset run once per session (warm start, RL, fit, report); its ``warmstart`` directory is

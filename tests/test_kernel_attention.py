@@ -65,6 +65,12 @@ def _numpy_attention(q, k, v, local):
     return np.einsum("bhts,bshd->bthd", p / p.sum(-1, keepdims=True), v)
 
 
+@pytest.fixture
+def interp(pallas_interpret) -> bool:
+    """Interpret the Pallas kernels on CPU, compile them on a GPU (SCALERL_PALLAS_INTERPRET, gpu_check.sh)."""
+    return check_impl("pallas", interpret=pallas_interpret)
+
+
 CASES = [  # B, T, H, K, Dh, dtype, local chunk, traced flag
     (2, 37, 4, 2, 24, jnp.float32, 10, False),  # ragged T (37 against 16-blocks), GQA, odd head dim, local chunks
     (1, 33, 4, 1, 16, jnp.float32, 0, False),  # multi-query, global
@@ -75,11 +81,11 @@ CASES = [  # B, T, H, K, Dh, dtype, local chunk, traced flag
 
 @pytest.mark.parametrize("B, T, H, K, Dh, dtype, local, traced", CASES)
 @pytest.mark.parametrize("impl", ["pallas", "cudnn_layout"])
-def test_kernel_equals_reference_values_and_grads(impl, B, T, H, K, Dh, dtype, local, traced):
+def test_kernel_equals_reference_values_and_grads(impl, B, T, H, K, Dh, dtype, local, traced, interp):
     q, k, v = _qkv(B, T, H, K, Dh, dtype)
     if impl == "pallas":
         def kernel(q, k, v, flag):
-            return pallas_attention(q, k, v, flag, chunk=local or None, interpret=True, **BLOCKS)
+            return pallas_attention(q, k, v, flag, chunk=local or None, interpret=interp, **BLOCKS)
     else:
         def kernel(q, k, v, flag):
             return library_attention(q, k, v, flag, chunk=local or None, implementation="xla")
@@ -93,11 +99,12 @@ def test_kernel_equals_reference_values_and_grads(impl, B, T, H, K, Dh, dtype, l
     assert got[0].shape == (B, T, H, Dh)
 
 
-def test_traced_flag_off_is_global_attention():
+def test_traced_flag_off_is_global_attention(interp):
     q, k, v = _qkv(2, 29, 4, 2, 16, jnp.float32, seed=3)
     ref = _numpy_attention(q, k, v, 0)
     off = jnp.int32(0)
-    p = jax.jit(lambda q, k, v, f: pallas_attention(q, k, v, f, chunk=8, interpret=True, **BLOCKS))(q, k, v, off)
+    p = jax.jit(lambda q, k, v, f: pallas_attention(q, k, v, f, chunk=8, interpret=interp,
+                                                    **BLOCKS))(q, k, v, off)
     x = jax.jit(lambda q, k, v, f: library_attention(q, k, v, f, chunk=8, implementation="xla"))(q, k, v, off)
     for o in (p, x):
         np.testing.assert_allclose(np.asarray(o), ref, rtol=2e-5, atol=2e-5)
@@ -110,7 +117,7 @@ def _cfg_cache(impl: str, S: int, dtype="float32"):
 
 
 @pytest.mark.parametrize("S, local, dtype", [(300, 16, "float32"), (64, 0, "bfloat16")])
-def test_pallas_decode_equals_reference_decode(S, local, dtype):
+def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
     """One decode step over a filled cache: a ragged cache length (300: padded to 2 splits of 160 slots) and an
     even one, rows at different positions (first slot, a chunk edge, the last slot), local chunks on and off."""
     ref_cfg, cache = _cfg_cache("reference", S, dtype)
@@ -132,7 +139,7 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype):
         return
     # traced flag (what the Scout scan passes)
     o_tr = jax.jit(lambda f: pallas_decode(q.reshape(3, 2, 2, 16), c_ref["k"][1].astype(dt), c_ref["v"][1].astype(dt),
-                                           pos[:, 0], f, chunk=16, interpret=True))(jnp.int32(local))
+                                           pos[:, 0], f, chunk=16, interpret=interp))(jnp.int32(local))
     np.testing.assert_allclose(np.asarray(o_tr, np.float32).reshape(o_ref.shape), np.asarray(o_ref, np.float32),
                                rtol=tol, atol=tol)
 

@@ -1,5 +1,5 @@
-"""Model presets: the tiny CPU default, a ~100M benchmark model, Llama-3.1-8B shapes, and the Llama-4 MoE
-pair (``tiny_moe`` for CPU, ``scout_17b16e``)."""
+"""Model presets: the tiny CPU default, a ~100M benchmark model, Llama-3.2-1B and Llama-3.1-8B shapes, and the
+Llama-4 MoE pair (``tiny_moe`` for CPU, ``scout_17b16e``)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ def llama_100m() -> ModelConfig:
         vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4, head_dim=64, ffn_dim=2048,
         rope_theta=500000.0, rope_scaling=RopeScaling(), max_seq_len=2048, dtype="float32",
         param_dtype="float32", remat=False, attn_chunk=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+
+
+def llama3_1b() -> ModelConfig:
+    """Llama-3.2-1B shapes: 16 layers, d 2048, FFN 8192, 32/8 heads of 64, vocab 128256, tied embeddings, llama3
+    RoPE (factor 32). ~1.24B parameters (the GPU check's train-step MFU and decode model)."""
+    return ModelConfig(
+        vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, ffn_dim=8192,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=8192),
+        rms_eps=1e-5, tie_embeddings=True, max_seq_len=131072, dtype="bfloat16", param_dtype="float32",
+        head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=128000, eos_token_id=128001,
+        pad_token_id=None,
     )
 
 
@@ -74,8 +88,8 @@ def scout_17b16e() -> ModelConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "llama_100m": llama_100m, "llama3_8b": llama3_8b, "8b": llama3_8b, "tiny_moe": tiny_moe,
-           "scout_17b16e": scout_17b16e, "scout": scout_17b16e}
+PRESETS = {"tiny": tiny, "llama_100m": llama_100m, "llama3_1b": llama3_1b, "llama3_8b": llama3_8b, "8b": llama3_8b,
+           "tiny_moe": tiny_moe, "scout_17b16e": scout_17b16e, "scout": scout_17b16e}
 
 
 def get_preset(name: str) -> ModelConfig:

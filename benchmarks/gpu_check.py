@@ -1,0 +1,490 @@
+"""One-command GPU check: kernel tests compiled on the GPU, train-step MFU, engine decode speed, kernels vs their
+references; one table, also written as JSON.
+
+    bash benchmarks/gpu_check.sh --out gpu_check.json         # one GPU, about 10 minutes (installs, then this)
+    python -m benchmarks.gpu_check --cpu-smoke --out x.json   # every code path at tiny sizes on CPU (the test)
+
+Sections, in this order (each is budgeted; one that would not fit the time left is reported as skipped, one that
+fails is reported as an error row and the rest still run; the exit status is 1 if any row is an error):
+
+1. ``kernel_tests``: ``pytest tests/test_kernel_*.py`` (every kernel test file, found by pattern) in a child
+   process with ``SCALERL_PALLAS_INTERPRET=0`` on the GPU, so the Pallas kernels are compiled, not interpreted
+   (``1`` in the CPU smoke run), and ``JAX_DEFAULT_MATMUL_PRECISION=highest`` so that the float32 references the
+   kernels are compared with are IEEE float32, not TF32. It runs first, before this process touches the GPU.
+2. ``device``: backend, device kind, the bf16 dense peak assumed for MFU (a datasheet table: H100 / H200 SXM
+   989 TFLOP/s; a device not in the table uses the measured matmul rate instead) and the measured rate of a
+   ``--matmul-n`` cubed matmul (bf16 on GPU, float32 on CPU).
+3. ``train``: the project's RL train step (``rl_loss`` with CISPO, ``make_train_step`` + ``jit_train_step`` on a
+   one-device mesh, AdamW, state donated) for ``--train-model`` (Llama-3.2-1B shapes) in bf16 compute with the
+   float32 LM head, ``--train-batch`` x ``--train-seq`` tokens per step (2 x 4096 = 8k). MFU (6N basis) =
+   6 N tokens / step time / peak, N = the parameters that take part in a matmul per token (layers + LM head; the
+   embedding lookup is not a matmul; a tied embedding counts once, as the head), = ``flops_per_token(0) / 2``.
+   ``mfu_with_attention`` adds causal attention's FLOPs (3 x ``ModelConfig.flops_per_token(T)``). Memory: XLA's
+   ``memory_analysis()`` of the compiled step and, where the device reports it, its peak bytes in use.
+4. ``decode``: the embedded engine (``JaxEngine``) generating ``--decode-new`` greedy tokens after
+   ``--decode-prompt``-token prompts for ``--decode-batch`` rows, random weights stored in bf16, FP32 head, no
+   stop token (every row generates exactly ``--decode-new`` tokens), for a 1B- and an 8B-shaped model; tokens/s
+   = generated tokens / wall time of ``generate`` (prefill included), best of ``--decode-reps`` after a warm-up.
+5. ``impl``: every ``ModelConfig`` field named ``*_impl`` whose choices include ``"reference"`` (today
+   ``logprobs_impl``; an ``attention_impl`` is picked up when it exists), each non-reference choice against
+   ``"reference"`` on the same model cut to ``--impl-layers`` layers: the RL loss's value and gradient
+   (jitted), median time, compiled temp memory, and the loss's relative difference from the reference. A choice
+   the config or the backend refuses (``ValueError``; in the CPU smoke run any failure, since GPU-only kernels
+   cannot run there) is reported as ``unavailable`` with the reason.
+
+Nothing here has run on a GPU yet (BUILD.md, "GPU check"): the CPU smoke run is what the tests execute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Dense bf16 tensor-core peaks (NVIDIA datasheets, SXM parts, no sparsity), matched against jax's device_kind.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "GB200": 2500e12}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Every size the check uses; ``GPU`` is the 10-minute H200 run, ``SMOKE`` the CPU run of every code path."""
+
+    train_model: str
+    train_batch: int
+    train_seq: int
+    train_steps: int
+    decode_models: tuple[str, ...]
+    decode_batch: int
+    decode_prompt: int
+    decode_new: int
+    decode_reps: int
+    decode_chunk: int
+    impl_layers: int
+    impl_batch: int
+    impl_seq: int
+    impl_reps: int
+    matmul_n: int
+    kernel_tests_k: str | None  # pytest -k expression (None: every kernel test)
+    shrink: bool  # CPU smoke: cut the presets down to tiny widths
+
+
+GPU = Sizes("llama3_1b", 2, 4096, 5, ("llama3_1b", "llama3_8b"), 64, 128, 256, 2, 32, 2, 2, 4096, 5, 8192, None,
+            False)
+SMOKE = Sizes("llama3_1b", 2, 32, 2, ("llama3_1b", "llama3_8b"), 2, 5, 4, 1, 4, 1, 2, 16, 2, 128,
+              "float64_definition or refused", True)
+# minimum seconds a section needs to be started (GPU estimates: compile + the measured steps)
+SECTION_MIN_S = {"train": 90.0, "decode": 45.0, "impl": 40.0}
+
+
+class Report:
+    """The rows of the table: ``section, name, value, unit, detail`` (value None for text-only rows)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.meta: dict = {}
+
+    def add(self, section: str, name: str, value, unit: str = "", detail: str = "", status: str = "ok") -> None:
+        v = None if value is None else float(value)
+        self.rows.append({"section": section, "name": name, "value": v, "unit": unit, "detail": detail,
+                          "status": status})
+        shown = "" if v is None else f"{v:.4g} {unit}"
+        print(f"  [{section}] {name}: {shown} {detail}".rstrip(), flush=True)
+
+    def error(self, section: str, name: str, e: BaseException) -> None:
+        self.add(section, name, None, detail=f"{type(e).__name__}: {e}"[:400], status="error")
+
+    def table(self) -> str:
+        w = max(len(r["name"]) for r in self.rows)
+        lines = [f"{'section':<13} {'name':<{w}} {'value':>12} {'unit':<10} status  detail", "-" * (w + 60)]
+        for r in self.rows:
+            v = "" if r["value"] is None else f"{r['value']:.4g}"
+            lines.append(f"{r['section']:<13} {r['name']:<{w}} {v:>12} {r['unit']:<10} {r['status']:<7} "
+                         f"{r['detail']}")
+        return "\n".join(lines)
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+def _median_time(fn, reps: int) -> float:
+    """Median wall seconds of ``fn()`` (which must block until its results are ready), after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _model_cfg(name: str, sizes: Sizes, **overrides):
+    """The preset ``name`` with ``overrides``; in the CPU smoke run cut to tiny widths (same structure: GQA,
+    tied or untied head, llama3 RoPE) so every code path runs in seconds."""
+    from scalerl_jax.models.presets import get_preset
+
+    cfg = get_preset(name)
+    if sizes.shrink:
+        cfg = dataclasses.replace(cfg, vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                                  ffn_dim=64, attn_chunk=16)
+    return dataclasses.replace(cfg, **overrides)
+
+
+# ---- 1. kernel tests ----------------------------------------------------------------------------------
+
+
+def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, budget: Budget) -> None:
+    files = sorted(glob.glob(str(ROOT / "tests" / "test_kernel_*.py")))
+    if not files:
+        rep.add("kernel_tests", "files", 0, "files", "no tests/test_kernel_*.py found", status="error")
+        return
+    env = dict(os.environ)
+    env.update(SCALERL_PALLAS_INTERPRET="0" if gpu else "1", JAX_DEFAULT_MATMUL_PRECISION="highest",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=os.pathsep.join(
+                   [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # tests/conftest.py defaults JAX_PLATFORMS to cpu: name the GPU platform explicitly
+    env["JAX_PLATFORMS"] = (env.get("JAX_PLATFORMS") or "cuda") if gpu else "cpu"
+    with tempfile.TemporaryDirectory() as d:
+        xml = Path(d) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
+        if sizes.kernel_tests_k:
+            cmd += ["-k", sizes.kernel_tests_k]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=max(budget.left() * 0.4, 30))
+        except subprocess.TimeoutExpired as e:
+            rep.error("kernel_tests", "pytest", e)
+            return
+        wall = time.perf_counter() - t0
+        if not xml.exists():
+            rep.add("kernel_tests", "pytest", proc.returncode, "exit code", proc.stdout[-300:] + proc.stderr[-300:],
+                    status="error")
+            return
+        per_file: dict[str, dict[str, int]] = {}
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            mod = case.get("classname", "?").split(".")[-1] + ".py"
+            counts = per_file.setdefault(mod, {"passed": 0, "failed": 0, "skipped": 0})
+            kind = {c.tag for c in case}
+            if kind & {"failure", "error"}:
+                counts["failed"] += 1
+            elif "skipped" in kind:
+                counts["skipped"] += 1
+            else:
+                counts["passed"] += 1
+    mode = "compiled (SCALERL_PALLAS_INTERPRET=0)" if gpu else "interpret (SCALERL_PALLAS_INTERPRET=1)"
+    for mod, c in sorted(per_file.items()):
+        bad = c["failed"] > 0 or c["passed"] == 0
+        rep.add("kernel_tests", mod, c["passed"], "passed", f"{c['failed']} failed, {c['skipped']} skipped; {mode}",
+                status="error" if bad else "ok")
+    if proc.returncode != 0 and not any(r["status"] == "error" for r in rep.rows if r["section"] == "kernel_tests"):
+        rep.add("kernel_tests", "pytest", proc.returncode, "exit code", proc.stdout[-300:], status="error")
+    rep.add("kernel_tests", "wall", wall, "s", f"{len(files)} files")
+
+
+# ---- 2. device and peak ---------------------------------------------------------------------------------
+
+
+def device_peak(rep: Report, sizes: Sizes) -> float:
+    """Record the device, measure a matmul, return the peak FLOP/s that MFU is computed against."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices()[0]
+    rep.meta.update(backend=jax.default_backend(), device_kind=dev.device_kind, n_devices=jax.device_count(),
+                    jax_version=jax.__version__)
+    dt = jnp.bfloat16 if dev.platform == "gpu" else jnp.float32
+    n = sizes.matmul_n
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dt)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dt)
+    mm = jax.jit(jnp.matmul)
+    t = min(_median_time(lambda: mm(a, b).block_until_ready(), 3) for _ in range(2))
+    measured = 2.0 * n**3 / t
+    rep.add("device", f"matmul {n}^3 {jnp.dtype(dt).name}", measured / 1e12, "TFLOP/s", dev.device_kind)
+    peak, source = measured, "measured matmul (device not in the datasheet table)"
+    for kind, p in PEAK_BF16.items():
+        if dev.platform == "gpu" and kind.lower() in dev.device_kind.lower():
+            peak, source = p, f"datasheet dense bf16 peak of {kind}"
+    rep.meta.update(peak_flops=peak, peak_source=source)
+    rep.add("device", "peak assumed for MFU", peak / 1e12, "TFLOP/s", source)
+    return peak
+
+
+def _peak_bytes() -> float | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+# ---- 3. train-step MFU ----------------------------------------------------------------------------------
+
+
+def rl_batch(vocab: int, B: int, T: int, seed: int = 0) -> dict:
+    """A synthetic RL batch: a quarter of each row prompt, the rest sampled completion, groups of 2 rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((B, T), np.float32)
+    mask[:, T // 4:] = 1.0
+    return {
+        "tokens": rng.integers(0, vocab, (B, T)).astype(np.int32), "loss_mask": mask,
+        "gen_logp": (mask * rng.uniform(-6.0, -0.5, (B, T))).astype(np.float32),
+        "staleness": np.zeros((B, T), np.int32), "advantages": rng.choice([-1.0, 1.0], B).astype(np.float32),
+        "rewards": rng.choice([-1.0, 1.0], B).astype(np.float32), "group_ids": (np.arange(B) // 2).astype(np.int32),
+        "truncated": np.zeros(B, np.float32),
+    }
+
+
+def train_mfu(rep: Report, sizes: Sizes, peak: float, remat: bool) -> None:
+    import jax
+
+    from scalerl_jax import sharding as shd
+    from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig
+    from scalerl_jax.models import init_params
+    from scalerl_jax.train.optim import make_optimizer
+    from scalerl_jax.train.rl import rl_loss
+    from scalerl_jax.train.step import init_train_state, jit_train_step, make_train_step, state_shardings
+
+    B, T = sizes.train_batch, sizes.train_seq
+    cfg = _model_cfg(sizes.train_model, sizes, dtype="bfloat16", head_dtype="float32", remat=remat)
+    optimizer = make_optimizer(TrainConfig(lr=1e-6, warmup_steps=0, schedule="constant"))
+    mesh = shd.make_mesh(MeshConfig())
+    _, state_sh = state_shardings(cfg, optimizer, mesh)
+    batch = rl_batch(cfg.vocab_size, B, T)
+    batch_sh = shd.batch_shardings(batch, mesh)
+    step = jit_train_step(make_train_step(rl_loss(cfg, LossConfig()), optimizer), state_sh, batch_sh, mesh)
+    state = jax.device_put(init_train_state(init_params(cfg, jax.random.key(0)), optimizer), state_sh)
+    placed = jax.device_put(batch, batch_sh)
+    t0 = time.perf_counter()
+    compiled = step.lower(state, placed).compile()
+    compile_s = time.perf_counter() - t0
+    ma = compiled.memory_analysis()
+    times, losses = [], []
+    for i in range(sizes.train_steps + 1):  # the first call is a warm-up
+        t0 = time.perf_counter()
+        state, m = compiled(state, placed)
+        losses.append(float(m["loss"]))  # blocks until the step is done
+        if i:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tokens = B * T
+    n_matmul = cfg.flops_per_token(0) / 2
+    name = f"{sizes.train_model} {B}x{T} bf16, fp32 head, remat={remat}"
+    rep.meta["train"] = {"model": sizes.train_model, "params": cfg.num_params(), "n_matmul_params": n_matmul,
+                         "tokens_per_step": tokens, "step_s": step_s, "flops_per_token_fwd": cfg.flops_per_token(T)}
+    rep.add("train", "step time", step_s, "s", f"{name}; median of {len(times)}; compile {compile_s:.1f} s")
+    rep.add("train", "tokens/s", tokens / step_s, "tok/s", name)
+    rep.add("train", "MFU (6N)", 6 * n_matmul * tokens / step_s / peak, "fraction",
+            f"N = {n_matmul / 1e6:,.1f}M matmul params; peak {peak / 1e12:.3g} TFLOP/s")
+    rep.add("train", "MFU with attention", 3 * cfg.flops_per_token(T) * tokens / step_s / peak, "fraction",
+            "3 x flops_per_token(T): matmuls + causal attention")
+    rep.add("train", "compiled temp memory", ma.temp_size_in_bytes / 2**30, "GiB",
+            f"args {ma.argument_size_in_bytes / 2**30:.2f} GiB")
+    peak_b = _peak_bytes()
+    if peak_b is not None:
+        rep.add("train", "device peak bytes in use", peak_b / 2**30, "GiB", "memory_stats(), process so far")
+    if not all(math.isfinite(x) for x in losses):
+        rep.add("train", "loss", losses[-1], "", "non-finite loss", status="error")
+    del state, compiled
+
+
+# ---- 4. engine decode ------------------------------------------------------------------------------------
+
+
+def decode_speed(rep: Report, sizes: Sizes, model: str) -> None:
+    import jax
+    import numpy as np
+
+    from scalerl_jax.models import init_params
+    from scalerl_jax.rollout.engine import JaxEngine
+    from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+
+    B, P, new = sizes.decode_batch, sizes.decode_prompt, sizes.decode_new
+    cfg = _model_cfg(model, sizes, dtype="bfloat16", param_dtype="bfloat16", head_dtype="float32")
+    params = init_params(cfg, jax.random.key(0))
+    eng = JaxEngine(cfg, params, max_batch=B, max_len=P + new, decode_chunk=sizes.decode_chunk)
+    del params
+    prompts = np.random.default_rng(0).integers(3, cfg.vocab_size, (B, P))
+    reqs = [GenerationRequest(prompt_ids=p.tolist(), params=SamplingParams(temperature=0.0, max_new_tokens=new))
+            for p in prompts]
+    n_tok = []
+
+    def run():
+        out = eng.generate(reqs)
+        n_tok.append(sum(len(o[0].token_ids) for o in out))
+
+    t0 = time.perf_counter()
+    run()  # compiles prefill and the decode chunk
+    first_s = time.perf_counter() - t0
+    best = min(_timed(run) for _ in range(sizes.decode_reps))
+    if n_tok[-1] != B * new:
+        raise RuntimeError(f"decode {model}: expected {B * new} tokens, got {n_tok[-1]}")
+    rep.add("decode", f"{model} tokens/s", B * new / best, "tok/s",
+            f"{cfg.num_params() / 1e6:,.1f}M params bf16; batch {B}, prompt {P}, {new} new; best of "
+            f"{sizes.decode_reps}; first call (compile) {first_s:.1f} s")
+    rep.add("decode", f"{model} ms per decode step", 1e3 * best / new, "ms", "whole batch, prefill included")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---- 5. kernels vs references ----------------------------------------------------------------------------
+
+
+def impl_fields() -> dict[str, tuple[str, ...]]:
+    """``ModelConfig`` fields named ``*_impl`` that have a ``"reference"`` choice -> their other choices."""
+    from scalerl_jax.config import ModelConfig
+
+    hints = typing.get_type_hints(ModelConfig)
+    out = {}
+    for f in dataclasses.fields(ModelConfig):
+        choices = typing.get_args(hints[f.name])
+        if f.name.endswith("_impl") and "reference" in choices:
+            out[f.name] = tuple(c for c in choices if c != "reference")
+    return out
+
+
+def _loss_and_grad(cfg, params, batch):
+    import jax
+
+    from scalerl_jax.config import LossConfig
+    from scalerl_jax.train.rl import rl_loss
+
+    fn = jax.jit(jax.value_and_grad(rl_loss(cfg, LossConfig()), has_aux=True))
+    compiled = fn.lower(params, batch).compile()
+    (loss, _), grads = compiled(params, batch)
+    return compiled, float(loss), grads
+
+
+def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> None:
+    import jax
+    import numpy as np
+
+    from scalerl_jax.config import ConfigError
+    from scalerl_jax.models import init_params
+
+    base = _model_cfg(sizes.train_model, sizes, dtype="bfloat16", head_dtype="float32", remat=False)
+    base = dataclasses.replace(base, n_layers=sizes.impl_layers)
+    params = init_params(base, jax.random.key(0))
+    batch = jax.device_put(rl_batch(base.vocab_size, sizes.impl_batch, sizes.impl_seq))
+    shape = f"{sizes.train_model} cut to {sizes.impl_layers} layers, {sizes.impl_batch}x{sizes.impl_seq}"
+    fields = impl_fields()
+    rep.meta["impl_fields"] = {k: list(v) for k, v in fields.items()}
+    c, loss_ref, g_ref = _loss_and_grad(base, params, batch)
+    t_ref = _median_time(lambda: jax.block_until_ready(c(params, batch)), sizes.impl_reps)
+    mem_ref = c.memory_analysis().temp_size_in_bytes
+    rep.add("impl", "reference value+grad", t_ref * 1e3, "ms", shape)
+    rep.add("impl", "reference temp memory", mem_ref / 2**20, "MiB", "compiled")
+    for field, choices in fields.items():
+        for choice in choices:
+            name = f"{field}={choice}"
+            if budget.left() < SECTION_MIN_S["impl"] / 2:
+                rep.add("impl", name, None, detail="skipped: out of time budget", status="skipped")
+                continue
+            try:
+                cfg = dataclasses.replace(base, **{field: choice})
+            except ConfigError as e:
+                rep.add("impl", name, None, detail=f"unavailable: {e}", status="unavailable")
+                continue
+            try:
+                c, loss, g = _loss_and_grad(cfg, params, batch)
+            except Exception as e:  # noqa: BLE001
+                # A backend without the kernel refuses with a ValueError naming the field. On a CPU any failure of a
+                # non-reference choice is reported as unavailable (GPU-only kernels such as cuDNN's cannot run
+                # there); on the GPU only a refusal is, and anything else is an error.
+                if strict and not isinstance(e, (ValueError, NotImplementedError)):
+                    raise
+                rep.add("impl", name, None, detail=f"unavailable: {type(e).__name__}: {e}"[:400],
+                        status="unavailable")
+                continue
+            t = _median_time(lambda: jax.block_until_ready(c(params, batch)), sizes.impl_reps)
+            mem = c.memory_analysis().temp_size_in_bytes
+            gdiff = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+                        / max(float(np.max(np.abs(np.asarray(b, np.float32)))), 1e-30)
+                        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)))
+            rep.add("impl", f"{name} value+grad", t * 1e3, "ms", f"{t_ref / t:.2f}x the reference's speed")
+            rep.add("impl", f"{name} temp memory", mem / 2**20, "MiB", f"{mem / max(mem_ref, 1):.3f}x the reference")
+            rep.add("impl", f"{name} loss rel. diff", abs(loss - loss_ref) / max(abs(loss_ref), 1e-30), "",
+                    f"max grad rel. diff (per leaf, vs its max) {gdiff:.2e}")
+
+
+# ---- driver ----------------------------------------------------------------------------------------------
+
+
+def run_check(sizes: Sizes, gpu: bool, budget_s: float, remat: bool) -> Report:
+    rep, budget = Report(), Budget(budget_s)
+    rep.meta.update(mode="gpu" if gpu else "cpu-smoke", sizes=dataclasses.asdict(sizes), budget_s=budget_s)
+    print("== kernel tests", flush=True)
+    try:
+        run_kernel_tests(rep, sizes, gpu, budget)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a row; the other sections still run
+        rep.error("kernel_tests", "pytest", e)
+    import jax
+
+    if gpu and jax.default_backend() != "gpu":
+        raise SystemExit(f"gpu_check: no GPU backend (jax.devices() = {jax.devices()}); use --cpu-smoke on a CPU")
+    print("== device", flush=True)
+    peak = device_peak(rep, sizes)
+    sections = [("train", lambda: train_mfu(rep, sizes, peak, remat))]
+    sections += [("decode", lambda m=m: decode_speed(rep, sizes, m)) for m in sizes.decode_models]
+    sections += [("impl", lambda: compare_impls(rep, sizes, budget, strict=gpu))]
+    for section, fn in sections:
+        print(f"== {section}", flush=True)
+        if gpu and budget.left() < SECTION_MIN_S[section]:
+            rep.add(section, "section", None, detail=f"skipped: {budget.left():.0f} s left of the budget",
+                    status="skipped")
+            continue
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            rep.error(section, "section", e)
+    rep.meta["wall_s"] = budget_s - budget.left()
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU: every code path, in seconds")
+    ap.add_argument("--out", default="gpu_check.json", help="JSON file for the table and metadata")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="wall budget for all sections (GPU run)")
+    ap.add_argument("--remat", action="store_true", help="rematerialise layers in the train-step MFU run")
+    for f in dataclasses.fields(Sizes):
+        if f.name not in ("shrink", "decode_models", "kernel_tests_k"):
+            ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(GPU, f.name)), default=None)
+    ap.add_argument("--decode-models", nargs="+", default=None)
+    args = ap.parse_args(argv)
+    sizes = SMOKE if args.cpu_smoke else GPU
+    sizes = dataclasses.replace(sizes, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
+                                          if getattr(args, f.name, None) is not None})
+    if sizes.decode_models and not isinstance(sizes.decode_models, tuple):
+        sizes = dataclasses.replace(sizes, decode_models=tuple(sizes.decode_models))
+    rep = run_check(sizes, gpu=not args.cpu_smoke, budget_s=args.budget_s, remat=args.remat)
+    print("\n" + rep.table())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": rep.meta, "rows": rep.rows}, indent=1))
+    print(f"\nwrote {args.out}; wall {rep.meta['wall_s']:.0f} s")
+    return 1 if any(r["status"] == "error" for r in rep.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One command for a machine with one NVIDIA GPU and a 10-minute budget:
+#
+#     bash benchmarks/gpu_check.sh [--out FILE.json] [more benchmarks/gpu_check.py flags]
+#
+# 1. Python: $PYTHON, else python3 (on this project's lent H200 machines that is the image's Python 3.12 with
+#    JAX 0.11 + CUDA 13 already installed; nothing can be downloaded there).
+# 2. Packages: the check imports only what is listed in NEED below (the project itself runs from this checkout
+#    through PYTHONPATH: no build, no network). A missing one is installed, in this order of preference:
+#    - from wheels in ./.whl (carried to an offline machine, BUILD.md "GPU check"): pip install --no-index
+#      --no-deps --target into a scratch site directory ($GPU_CHECK_SITE, default /tmp/gpu_check_site);
+#    - else from the package index (a machine with internet): pip install --user.
+#    If jax sees no GPU, GPU_CHECK_INSTALL_JAX=1 installs jax[cuda13] from the index (GPU_CHECK_JAX_EXTRA
+#    changes the extra, e.g. cuda12); otherwise the script stops with exit status 2.
+# 3. Runs python -m benchmarks.gpu_check (every section budgeted to finish inside --budget-s, default 540 s),
+#    which prints one table and writes the JSON (default ./gpu_check.json). Exit status: that of the check
+#    (1 if any row is an error), 2 if no GPU is usable.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# grow GPU memory on demand: the kernel tests run in a child process beside this one
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+unset JAX_PLATFORMS  # let jax pick the GPU (tests/conftest.py would otherwise default to cpu)
+
+# import name -> pip name
+NEED="jax:jax numpy:numpy optax:optax pytest:pytest safetensors:safetensors ml_dtypes:ml-dtypes
+orbax.checkpoint:orbax-checkpoint"
+
+missing() {
+    "$PY" - "$@" <<'EOF'
+import importlib.util, sys
+for pair in sys.argv[1:]:
+    mod, pip_name = pair.split(":")
+    try:
+        found = importlib.util.find_spec(mod) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        print(pip_name)
+EOF
+}
+
+echo "== python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+# shellcheck disable=SC2086
+MISSING="$(missing $NEED)"
+if [ -n "$MISSING" ]; then
+    echo "== installing: $MISSING"
+    if [ -d "$ROOT/.whl" ]; then
+        SITE="${GPU_CHECK_SITE:-/tmp/gpu_check_site}"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            "$ROOT"/.whl/*.whl
+        export PYTHONPATH="$PYTHONPATH:$SITE"
+    else
+        # shellcheck disable=SC2086
+        "$PY" -m pip install -q --user $MISSING
+    fi
+    # shellcheck disable=SC2086
+    STILL="$(missing $NEED)"
+    if [ -n "$STILL" ]; then
+        echo "gpu_check: still missing after install: $STILL" >&2
+        exit 2
+    fi
+fi
+
+gpu_ok() { "$PY" -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; }
+if ! gpu_ok && [ "${GPU_CHECK_INSTALL_JAX:-0}" = 1 ]; then
+    echo "== jax sees no GPU; installing jax[${GPU_CHECK_JAX_EXTRA:-cuda13}]"
+    "$PY" -m pip install -q --user -U "jax[${GPU_CHECK_JAX_EXTRA:-cuda13}]"
+fi
+if ! gpu_ok; then
+    echo "gpu_check: jax sees no GPU ($("$PY" -c 'import jax; print(jax.devices())' 2>&1 | tail -1)); set" \
+        "GPU_CHECK_INSTALL_JAX=1 to install jax[cuda13], or run 'python -m benchmarks.gpu_check --cpu-smoke'" >&2
+    exit 2
+fi
+"$PY" -c 'import jax; print("== jax", jax.__version__, jax.devices())'
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null || true
+
+exec "$PY" -m benchmarks.gpu_check "$@"

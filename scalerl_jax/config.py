@@ -287,11 +287,11 @@ class RolloutConfig:
     sglang_urls: tuple[str, ...] = ()  # servers, or one sglang-router URL in front of them
     local_servers: int = 0  # > 0: the experiment starts this many `scalerl_jax.serve` processes + sglang-router
     weight_dtype: DType = "float32"  # dtype of the HF checkpoints exported to the fleet after every update
-    #: compute and weight dtype of the generators (embedded engines, --generators servers); "same": the
+    #: compute and weight dtype of the generators (embedded engines, servers the run starts); "same": the
     #: trainer's model.dtype / param_dtype. The LM head keeps model.head_dtype on both sides (ScaleRL: FP32 in
     #: generator and trainer); "bfloat16" samples as SGLang serves, so the trainer's recomputed log-probs differ
     #: from the recorded ones (logged per step as logp_diff_abs_mean and is_ratio_std). Servers given by
-    #: sglang_urls run what their own --dtype says
+    #: sglang_urls run in the dtype they were started with
     generator_dtype: Literal["same", "float32", "bfloat16"] = "same"
     keep_exports: int = 3  # weight exports kept on disk (older ones are deleted)
     request_timeout_s: float = 600.0  # one /generate call to a server

@@ -10,6 +10,9 @@ Presets that make their own (``ExperimentPlan.base_kind``):
 - ``char_mathcode`` (tiny_mathcode): a 24-symbol character tokenizer (the 17 above plus ``-x(),:f``) and a
   supervised warm start on the same arithmetic and the synthetic code task ``f(0)=b,f(1)=c:`` in equal parts
   (:mod:`scalerl_jax.data.code_synth`).
+- ``char_chain`` (tiny_chain): the same 17-symbol tokenizer and a supervised warm start on addition chains
+  ``a+b+c+...=`` of the run's depths (:mod:`scalerl_jax.data.chain`), on ``n_problems`` chains of the run's own
+  training stream (it begins with the RL pool; never a validation chain).
 - ``word_arith`` (small): the same arithmetic written as English word problems with ``\\boxed{}`` answers
   (:mod:`scalerl_jax.data.word_arith`) in a jsonl file, a byte-level BPE trained on that text with the
   ``tokenizers`` library, and a supervised warm start on the question/answer rows: a small Llama that then goes
@@ -85,7 +88,7 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
         log(f"[base] reusing the warm start in {ws_dir}")
         return BaseModel(ws_dir, data_path)
     t0 = time.time()
-    if plan.base_kind in ("char_arith", "char_mathcode"):
+    if plan.base_kind in ("char_arith", "char_mathcode", "char_chain"):
         _make_char_arith(plan, ws_dir, run_dir, log)
     elif plan.base_kind == "word_arith":
         _make_word_arith(plan, ws_dir, run_dir, log)
@@ -114,16 +117,23 @@ def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
         raise ConfigError(f"base_kind {plan.base_kind!r} with data.code_source={exp.data.code_source!r}: the "
                           "character base models know the synthetic code task only as 'char_mathcode' (its "
                           "vocabulary) with code_source='synthetic'")
+    source = "chain" if plan.base_kind == "char_chain" else "arith"
+    if exp.data.source != source:
+        raise ConfigError(f"base_kind {plan.base_kind!r} warm-starts on data.source={source!r}, but the run's "
+                          f"data.source is {exp.data.source!r}")
     save_char_tokenizer(ws_dir, model_max_length=exp.model.max_seq_len, symbols=FX_SYMBOLS if code else CHAR_SYMBOLS)
     tok = HFTokenizer(str(ws_dir))
-    data = build_prompt_data("arith", val_size=exp.data.val_size, seed=exp.data.seed, n_train=exp.data.n_train)
+    # chains: a longer prefix of the run's own training stream (the RL pool comes first; never a validation chain)
+    n_train = max(plan.n_problems, exp.data.n_train or 0) if source == "chain" else exp.data.n_train
+    data = build_prompt_data(source, val_size=exp.data.val_size, seed=exp.data.seed, n_train=n_train,
+                             chain_depths=(exp.data.chain_depth_lo, exp.data.chain_depth_hi))
     problems = data.train
     if code:  # both tasks in equal parts; the RL run's own splits, so the warm start never sees a validation prompt
         code_train, _ = code_split("synthetic", val_size=exp.data.code_val_size, seed=exp.data.seed)
         n = min(len(problems), WARM_PER_TASK)
         problems = problems[:n] + (code_train * -(-n // len(code_train)))[:n]
     log(f"[base] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(problems)} synthetic "
-        f"problems{' (half arithmetic, half code)' if code else ''}")
+        f"{source} problems{' (half arithmetic, half code)' if code else ''}")
     params = warm_start(dataclasses.replace(exp.model, head_dtype=WARM_HEAD_DTYPE), problems, encode=tok.encode,
                         eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
                         batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,

@@ -34,8 +34,8 @@ class ExperimentPlan:
     warm_unmarked_frac: float = 0.0  # warm-start targets that never mark a final answer (see tiny_plan)
     seq_len: int = 40  # tokens per training row (prompt + completion)
     base_model: str | None = None  # HF checkpoint dir of the starting policy (--model); None: the preset makes it
-    base_kind: str = "none"  # how the preset makes its base model: "char_arith", "word_arith" (see base_models.py)
-    n_problems: int = 14400  # word_arith: problems written to the preset's jsonl
+    base_kind: str = "none"  # how the preset makes its base model: "char_arith", "char_chain", "word_arith"
+    n_problems: int = 14400  # word_arith: problems written to the preset's jsonl; char_chain: warm-start chains
     arith_b_max: int = 19  # word_arith: a + b * c with b <= this (19: a small multiplication table)
     bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
     n_trainer_devices: int = 1
@@ -140,12 +140,15 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
         "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
                                  "val_size": exp.data.val_size,
                                  **({"code_source": exp.data.code_source, "code_val_size": exp.data.code_val_size}
-                                    if exp.data.code_source != "none" else {})},
+                                    if exp.data.code_source != "none" else {}),
+                                 **({"chain_depths": [exp.data.chain_depth_lo, exp.data.chain_depth_hi]}
+                                    if exp.data.source == "chain" else {})},
         "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
         "base_kind": plan.base_kind,
         **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab, "b_max": plan.arith_b_max,
-            "template": exp.data.template} if plan.base_kind == "word_arith" else {})},
+            "template": exp.data.template} if plan.base_kind == "word_arith" else {}),
+        **({"n_problems": plan.n_problems} if plan.base_kind == "char_chain" else {})},
         default=str))
 
 

@@ -113,6 +113,34 @@ def tiny_mathcode_plan(seed: int = 0) -> ExperimentPlan:
     return R(p, exp=exp, seq_len=51, warm_steps=512, base_kind="char_mathcode")
 
 
+def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
+    """The tiny recipe on a task where length and difficulty matter: addition chains ``a+b+...=`` of 2..6 single-digit
+    additions with a running scratchpad (``3+4=7;7+5=12#12``; scalerl_jax/data/chain.py), same model and tokenizer.
+
+    Thinking lengths by depth d (characters = tokens): 6d - 1 (all ones) to 8d - 2 (all nines), i.e. 11-14, 17-22,
+    23-30, 29-38 and 35-46 for depths 2..6. The thinking budget B ~ U[30, 38] never cuts depths 2..4 short, cuts
+    ~76 % of depth-5 scratchpads and every depth-6 one (L > B), ~35 % of the problems at depth uniform over 2..6
+    (``tests/test_chain.py`` checks these numbers); the length penalty variant (L_max 44, L_cache 8) docks correct
+    completions over 36 tokens: ~98 % of depth 5 and all of depth 6 (~40 %). A small training pool (128 prompts,
+    4 batches of 32 per epoch) is revisited for many epochs, so No-Positive-Resampling retires the prompts the
+    policy solves (the shallow ones first) and later epochs hold the deep ones. The warm start (``char_chain``: 300
+    x 128 steps on 20,000 distinct chains of the training stream) leaves headroom the tiny way, lightly: 15 % of its
+    targets stop after the scratchpad without marking an answer, so shallow prompts start mostly solved (what NPR
+    retires) and the deep ones mostly lost to the budget (at 50 % unmarked no shallow prompt reached NPR's 0.9 pass
+    rate: 1 of 128 retired in 48 steps)."""
+    p = tiny_plan(seed)
+    length = LengthConfig(kind="interruption", think_budget_lo=30, think_budget_hi=38, answer_budget=4,
+                          think_end="#", interruption_text="#", penalty_max_len=44, penalty_cache=8)
+    exp = R(p.exp, name="scalerl_tiny_chain",
+            rollout=R(p.exp.rollout, max_prompt_len=16, max_new_tokens=44, length=length),
+            data=DataConfig(source="chain", chain_depth_lo=2, chain_depth_hi=6, n_train=128, val_size=100,
+                            seed=seed, npr=True, npr_threshold=0.9),
+            train=R(p.exp.train, steps=48, eval_every=4, checkpoint_every=24),
+            out_dir="runs/tiny_chain")
+    return R(p, exp=exp, seq_len=64, warm_steps=300, warm_unmarked_frac=0.15, base_kind="char_chain",
+             n_problems=20000)
+
+
 def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     """RECIPE.md's 8B recipe: 48 prompts x 16, AdamW 5e-7 (100 warm-up), eps 1e-15, wd 0.01, CISPO eps_max 5,
     interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators.
@@ -156,7 +184,8 @@ def scout_plan(seed: int = 0) -> ExperimentPlan:
 
 
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,
-                                                       "tiny_mathcode": tiny_mathcode_plan, "8b": real_8b_plan}
+                                                       "tiny_mathcode": tiny_mathcode_plan,
+                                                       "tiny_chain": tiny_chain_plan, "8b": real_8b_plan}
 MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,
                                                            "scout": scout_plan}
 

@@ -143,7 +143,7 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
         return lambda q: make_prompt(q, template)
 
     code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None
-    if dc.source == "arith":
+    if dc.source in ("arith", "chain"):  # synthetic prompts are already model text
         data = from_config(dc, code_render=code_render)
     else:
         data = from_config(dc, template=renderer(dc.template), code_render=code_render)

@@ -321,7 +321,9 @@ class RolloutConfig:
 class DataConfig:
     """Prompt source, validation split and the No-Positive-Resampling curriculum."""
 
-    source: Literal["arith", "jsonl"] = "jsonl"  # arith: the synthetic task; jsonl: question/answer rows at path
+    #: arith: the synthetic task a+b*c; chain: addition chains a+b+c+... of depth chain_depth_lo..hi
+    #: (scalerl_jax.data.chain); jsonl: question/answer rows at path
+    source: Literal["arith", "chain", "jsonl"] = "jsonl"
     path: str = ""  # the jsonl file (source=jsonl)
     template: str = DEFAULT_PROMPT_TEMPLATE  # prompt text of a jsonl row; "{question}" is replaced
     chat_template: bool = False  # wrap the templated question as a user message in the tokenizer's chat template
@@ -330,6 +332,8 @@ class DataConfig:
     n_train: int | None = None  # cap on training prompts (None: all not held out)
     val_size: int = 1000  # prompts held out for validation
     seed: int = 0  # seed of the validation split and of the synthetic problems
+    chain_depth_lo: int = 2  # source=chain: fewest additions of a problem (depth uniform over lo..hi)
+    chain_depth_hi: int = 6  # source=chain: most additions of a problem
     npr: bool = True  # No-Positive-Resampling: retire prompts the policy solves
     npr_threshold: float = 0.9  # pass rate at which NPR retires a prompt for good
     skip_malformed: bool = False  # skip a malformed jsonl row instead of stopping at FILE:LINE
@@ -345,6 +349,14 @@ class DataConfig:
     code_template: str = "{question}\n\nWrite the solution as one Python code block."  # prompt of a jsonl code row
 
     def __post_init__(self) -> None:
+        _check(self.source in ("arith", "chain", "jsonl"),
+               f"DataConfig.source must be 'arith', 'chain' or 'jsonl', got {self.source!r}")
+        _check(1 <= self.chain_depth_lo <= self.chain_depth_hi <= 16,
+               f"DataConfig.chain_depth_lo/hi must satisfy 1 <= lo <= hi <= 16, got {self.chain_depth_lo} and "
+               f"{self.chain_depth_hi}")
+        _check(self.source != "chain" or self.n_train is not None,
+               "DataConfig.source='chain' needs data.n_train (the training pool size; the chain space is too large "
+               "to take whole)")
         _check(self.code_source in ("none", "synthetic", "jsonl"),
                f"DataConfig.code_source must be 'none', 'synthetic' or 'jsonl', got {self.code_source!r}")
         _check(self.code_source == "none" or 0.0 < self.code_weight < 1.0,

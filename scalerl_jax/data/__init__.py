@@ -1,6 +1,7 @@
-"""Prompts and tokens: tokenizers, the arithmetic task, jsonl math sets, the NPR curriculum and the training
-pipeline."""
+"""Prompts and tokens: tokenizers, the arithmetic task, addition chains, jsonl math sets, the NPR curriculum and the
+training pipeline."""
 
+from scalerl_jax.data.chain import chain_problem, chain_split
 from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.jsonl import (
     DEFAULT_TEMPLATE,
@@ -53,6 +54,8 @@ __all__ = [
     "arith_split",
     "arith_triple",
     "build_prompt_data",
+    "chain_problem",
+    "chain_split",
     "epoch_seed",
     "extract_gold",
     "from_config",

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
+from scalerl_jax.data.chain import chain_split
 from scalerl_jax.data.jsonl import DEFAULT_TEMPLATE, load_jsonl
 from scalerl_jax.data.tasks import Problem, arith_split
 
@@ -268,12 +269,19 @@ def build_prompt_data(
     template: str | Callable[[str], str] = DEFAULT_TEMPLATE,
     question_key: str | None = None,
     answer_key: str | None = None,
+    chain_depths: tuple[int, int] = (2, 6),
 ) -> PromptData:
     """Training and validation problems for ``source`` ``"arith"`` (the synthetic task; ``n_train`` None = all
-    remaining problems) or ``"jsonl"`` (the file at ``path``; ``template`` a ``{question}`` string or a callable
-    question -> prompt). Arguments mirror :class:`scalerl_jax.config.DataConfig` (see :func:`from_config`)."""
+    remaining problems), ``"chain"`` (addition chains of ``chain_depths`` = (lo, hi) additions,
+    :mod:`scalerl_jax.data.chain`; ``n_train`` required) or ``"jsonl"`` (the file at ``path``; ``template`` a
+    ``{question}`` string or a callable question -> prompt). Arguments mirror :class:`scalerl_jax.config.DataConfig`
+    (see :func:`from_config`)."""
     if source == "arith":
         train, val = arith_split(n_train, val_size, seed)
+    elif source == "chain":
+        if n_train is None:
+            raise ValueError("build_prompt_data: source 'chain' needs n_train (the training pool size)")
+        train, val = chain_split(n_train, val_size, seed, *chain_depths)
     elif source == "jsonl":
         if not path:
             raise ValueError("build_prompt_data: source 'jsonl' needs a path")
@@ -283,7 +291,7 @@ def build_prompt_data(
         if n_train is not None:
             train = train[:n_train]
     else:
-        raise ValueError(f"build_prompt_data: unknown source {source!r} (expected 'arith' or 'jsonl')")
+        raise ValueError(f"build_prompt_data: unknown source {source!r} (expected 'arith', 'chain' or 'jsonl')")
     return PromptData(train=train, val=val, seed=seed)
 
 
@@ -349,7 +357,8 @@ def from_config(cfg, *, code_render: Callable[[str], str] | None = None, **kwarg
     kwargs.setdefault("template", cfg.template)
     data = build_prompt_data(
         cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed,
-        n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key, **kwargs
+        n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key,
+        chain_depths=(cfg.chain_depth_lo, cfg.chain_depth_hi), **kwargs
     )
     if getattr(cfg, "code_source", "none") == "none":
         return data

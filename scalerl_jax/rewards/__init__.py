@@ -2,8 +2,8 @@
 code reward for code problems.
 
 Every scorer returns ``(rewards, counts)``: a float32 array of +1/-1 and a dict with at least ``"timeouts"`` and
-``"no_answer"``. :func:`score` dispatches on each problem: code (``problem.code`` set), ``source == "arith"``, or
-anything else = math.
+``"no_answer"``. :func:`score` dispatches on each problem: code (``problem.code`` set), the synthetic tasks with an
+exact answer (``source`` in :data:`EXACT_MATCH_SOURCES`: ``"arith"``, ``"chain"``), or anything else = math.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from scalerl_jax.data.tasks import Problem
-from scalerl_jax.rewards.arith import arith_reward, extract_arith_answer, score_arith
+from scalerl_jax.rewards.arith import EXACT_MATCH_SOURCES, arith_reward, extract_arith_answer, score_arith
 from scalerl_jax.rewards.length_penalty import length_penalty
 from scalerl_jax.rewards.math import (
     MathVerifier,
@@ -44,16 +44,16 @@ def score(
     Code problems (``problem.code`` set) run their program in the code sandbox through ``code_pool`` (a
     :class:`~scalerl_jax.rewards.code_pool.CodePool`; None: the process-wide default pool, isolation ``auto``);
     the program is the text after the last ``#`` for the synthetic task, else the completion's code block.
-    Arithmetic problems (``source == "arith"``) use the exact-match verifier; all others math-verify (``verifier``
-    or the process-wide :func:`default_verifier`, started only when needed).
+    Synthetic arithmetic problems (``source`` ``"arith"`` or ``"chain"``) use the exact-match verifier; all others
+    math-verify (``verifier`` or the process-wide :func:`default_verifier`, started only when needed).
     """
     if len(completions) != len(problems):
         raise ValueError(f"score: {len(completions)} completions for {len(problems)} problems")
     rewards = np.empty(len(completions), np.float32)
     counts = {"timeouts": 0, "no_answer": 0}
     code = [k for k, p in enumerate(problems) if p.code is not None]
-    arith = [k for k, p in enumerate(problems) if p.code is None and p.source == "arith"]
-    other = [k for k, p in enumerate(problems) if p.code is None and p.source != "arith"]
+    arith = [k for k, p in enumerate(problems) if p.code is None and p.source in EXACT_MATCH_SOURCES]
+    other = [k for k, p in enumerate(problems) if p.code is None and p.source not in EXACT_MATCH_SOURCES]
     for idx, fn in ((arith, score_arith), (other, lambda c, p: score_math(c, p, verifier)),
                     (code, lambda c, p: _score_code(c, p, code_pool))):
         if not idx:
@@ -67,6 +67,7 @@ def score(
 
 
 __all__ = [
+    "EXACT_MATCH_SOURCES",
     "MathVerifier",
     "arith_reward",
     "completion_answer_text",

@@ -1,4 +1,5 @@
-"""Exact-match verifier of the synthetic arithmetic task: +1 when the text after the last ``#`` is the answer."""
+"""Exact-match verifier of the synthetic arithmetic tasks (``a+b*c`` and the addition chains): +1 when the text after
+the last ``#`` is the answer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 from scalerl_jax.data.tasks import Problem, split_thinking
 
 _SPECIAL = ("<eos>", "<pad>")
+#: Problem.source values scored by exact match (the tiny task and the addition chains of scalerl_jax.data.chain)
+EXACT_MATCH_SOURCES = ("arith", "chain")
 
 
 def _clean(completion: str) -> str:

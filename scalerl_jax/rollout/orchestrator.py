@@ -52,7 +52,7 @@ class RolloutProducer:
 
     ``encode``/``decode`` map text to token ids and back (the tokenizer); ``score`` returns per-completion
     rewards in {+1, -1} and counts; ``reward_transform`` (optional) reshapes rewards (e.g. the DAPO length
-    penalty) given (rewards, completions).
+    penalty) given (rewards, completions), and the counts then carry ``length_penalized``: the samples it changed.
     """
 
     def __init__(self, generator: Generator, prompts, *, encode: Callable[[str], list[int]],
@@ -90,7 +90,9 @@ class RolloutProducer:
         rewards, counts = self.score(texts, flat_problems)
         rewards = np.asarray(rewards, np.float32)
         if self.reward_transform is not None:
-            rewards = np.asarray(self.reward_transform(rewards, [c for g in groups for c in g]), np.float32)
+            shaped = np.asarray(self.reward_transform(rewards, [c for g in groups for c in g]), np.float32)
+            counts = {**counts, "length_penalized": int(np.sum(shaped != rewards))}  # samples the shaping changed
+            rewards = shaped
         split, i = [], 0
         for g in groups:
             split.append(rewards[i : i + len(g)])

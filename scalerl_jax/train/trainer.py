@@ -224,6 +224,9 @@ class RLTrainer:
                 "npr_removed": self.curriculum.stats()["n_removed"], "gen_seconds": rb.gen_seconds,
                 "gen_tokens_per_s": rb.n_generated_tokens / max(rb.gen_seconds, 1e-9),
                 "interruption_rate": stats.interruption_rate, "completion_len": stats.completion_len_mean,
+                # share of samples whose reward the length penalty changed (0 without kind=penalty)
+                "length_penalty_rate": rb.score_counts.get("length_penalized", 0)
+                / max(1, sum(len(g) for g in rb.groups)),
                 **per_task_rewards(rb.problems, rb.rewards, "pass_rate", "n_groups")}
         if not batch_is_finite(batch):
             self.counters.skipped_steps += 1

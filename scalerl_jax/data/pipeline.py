@@ -360,7 +360,7 @@ def from_config(cfg, *, code_render: Callable[[str], str] | None = None, **kwarg
         n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key,
         chain_depths=(cfg.chain_depth_lo, cfg.chain_depth_hi), **kwargs
     )
-    if getattr(cfg, "code_source", "none") == "none":
+    if cfg.code_source == "none":
         return data
     train, val = code_split(cfg.code_source, path=cfg.code_path, val_size=cfg.code_val_size, seed=cfg.seed,
                             evaluate=cfg.code_eval, skip_malformed=cfg.skip_malformed, render=code_render)

@@ -11,10 +11,13 @@ Runs go one after another into ``<out>/<variant>_s<seed>``; a run whose summary.
 run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. All variants of one
 seed start RL from one supervised warm start, ``<out>/warmstart_s<seed>`` (trained once; the paper's variants
 likewise share a base model), so only the RL differs between them. At the end the
-sigmoid law is fitted to every run (on its whole compute; ``--fit-until 0.5`` for the first half) and
+sigmoid law is fitted to every run (on its whole compute) and
 ``<out>/comparison/comparison.md`` tabulates the end reward, A, B, C_mid with 90 % intervals and
-P(A_ScaleRL > A_variant), P(B_ScaleRL > B_variant) against ScaleRL of the same seed; the same folder holds the
-overlaid curves, the ceiling densities and every fit's report.md. Cost on a 2-core CPU: about the tiny run's
+P(A_ScaleRL > A_variant), P(B_ScaleRL > B_variant) against ScaleRL of the same seed; with several seeds, each
+variant's A and B averaged over its seeds and P(ScaleRL's average > the variant's). The same folder holds the
+overlaid curves, the ceiling densities and every fit's report.md. ``--fit-until 0.5`` (the paper's half-compute
+protocol; finished runs are not rerun) writes ``<out>/comparison_until0.5`` with each run's prediction of its last
+eval from the first half, its error and whether the 90 % interval covered it. Cost on a 2-core CPU: about the tiny run's
 RL time per variant and seed, plus one warm start per seed (see README / the issue notes).
 """
 
@@ -194,13 +197,87 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
             pa, pb = f"{pair[(ref, name)]['P_A1_gt_A2']:.2f}", f"{pair[(ref, name)]['P_B1_gt_B2']:.2f}"
         lines.append(f"| {name} | {end:.3f} | {delta} | {ci(stat(e, 'A'), '.3f')} | {ci(stat(e, 'B'), '.2f')} | "
                      f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
+    if fit_until < 1 and runs:
+        lines += _prediction_table(runs, fit_until, compute_key)
+    seeds = _seed_average(runs, out, reference)
+    if seeds:
+        lines += _seed_table(seeds, reference)
+        summary["over_seeds"] = {v: {k: x for k, x in row.items() if k != "draws"} for v, row in seeds.items()}
     plot_curves(loaded, out, reference, compute_key)
     lines += ["", "Figures in this directory: curves.png (each variant's reward curves over ScaleRL's, per seed), "
               "A_posteriors.png (ceiling densities), efficiency.png (log F(R) against log C: slope B), "
-              "fit_<run>.png, table.png; report.md has every fit's detail.", ""]
+              + ("A_over_seeds.png (each variant's seed-averaged ceiling), " if seeds else "")
+              + "fit_<run>.png, table.png; report.md has every fit's detail.", ""]
     (out / "comparison.md").write_text("\n".join(lines))
     summary["not_fitted"] = unfit
     return summary
+
+
+def _prediction_table(runs: dict, fit_until: float, compute_key: str) -> list[str]:
+    """The half-compute protocol per run (fit on the first ``fit_until``, predict the last eval) and, per variant,
+    the mean |error| over its seeds, how many predictions the 90 % interval covered, and the mean width of A's
+    90 % interval."""
+    lines = ["", f"## Prediction from the first {fit_until:.0%} of compute (`{compute_key}`)", "",
+             "| run | predicted end (90% CI) | observed | error | covered | A 90% width |", "|---|---|---|---|---|---|"]
+    per_variant: dict[str, list] = {}
+    for name, e in runs.items():
+        if "held_out" not in e:
+            continue
+        p, h = e["prediction"], e["held_out"]
+        a = e["bayes"].get("summary", e["bayes"])["A"]
+        err, width = h["error_nearest_target"], a["hi"] - a["lo"]
+        covered = p["lo"] <= h["observed_nearest_target"] <= p["hi"]
+        per_variant.setdefault(_variant_seed(name)[0], []).append((abs(err), covered, width))
+        lines.append(f"| {name} | {p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {h['observed_nearest_target']:.3f} "
+                     f"| {err:+.3f} | {'yes' if covered else 'no'} | {width:.3f} |")
+    lines += ["", "| variant | seeds | mean abs error | covered | mean A 90% width |", "|---|---|---|---|---|"]
+    for v, rows in per_variant.items():
+        errs, cov, widths = zip(*rows)
+        lines.append(f"| {v} | {len(rows)} | {sum(errs) / len(rows):.3f} | {sum(cov)}/{len(rows)} | "
+                     f"{sum(widths) / len(rows):.3f} |")
+    return lines
+
+
+def _seed_average(runs: dict, out: Path, reference: str) -> dict:
+    """``over_seeds`` on the posterior draws fit_runs saved (``posterior_samples.npz``), when some recipe has more
+    than one seed; draws ``A_over_seeds.png`` (each recipe's seed-averaged ceiling, one shared axis)."""
+    import types
+
+    import numpy as np
+
+    from scalerl_jax.scaling.compare import over_seeds
+    from scalerl_jax.scaling.plots import plot_A_posteriors, save
+
+    by_recipe: dict[str, dict[str, dict]] = {}
+    file = out / "posterior_samples.npz"
+    if not file.exists():
+        return {}
+    with np.load(file) as z:
+        for name in runs:
+            variant, seed = _variant_seed(name)
+            by_recipe.setdefault(variant, {})[seed] = {k: z[f"{name}/{k}"] for k in ("A", "B")}
+    if reference not in by_recipe or max(len(s) for s in by_recipe.values()) < 2:
+        return {}
+    seeds = over_seeds(by_recipe, reference)
+    save(plot_A_posteriors({v: types.SimpleNamespace(samples={"A": row["draws"]["A"]}) for v, row in seeds.items()}),
+         out, "A_over_seeds")
+    return seeds
+
+
+def _seed_table(seeds: dict, reference: str) -> list[str]:
+    lines = ["", "## Over seeds", "",
+             f"Each variant's A and B averaged over the seeds it shares with {reference} (one draw of every seed's "
+             f"posterior per sample), and P({reference}'s average > the variant's); 'seeds' counts the seeds whose own "
+             "fit puts the reference above.", "",
+             "| variant | seeds | A (90% CI) | B (90% CI) | P(A_ref > A) | seeds A_ref > A | P(B_ref > B) | "
+             "seeds B_ref > B |", "|---|---|---|---|---|---|---|---|"]
+    for v, r in seeds.items():
+        n = len(r["seeds"])
+        cells = ["", "", "", ""] if v == reference else [f"{r['P_A_ref_gt']:.2f}", f"{r['seeds_A_ref_gt']}/{n}",
+                                                         f"{r['P_B_ref_gt']:.2f}", f"{r['seeds_B_ref_gt']}/{n}"]
+        lines.append(f"| {v} | {n} | {r['A']['mean']:.3f} [{r['A']['lo']:.3f}, {r['A']['hi']:.3f}] | "
+                     f"{r['B']['mean']:.2f} [{r['B']['lo']:.2f}, {r['B']['hi']:.2f}] | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
             # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)
             run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False,
                            warm_dir=out / f"warmstart_s{seed}")
-    summaries = [compare(run_dirs, out / ("comparison" if i == 0 else f"comparison_{key}"), fit_until=args.fit_until,
-                         compute_key=key) for i, key in enumerate(args.compute_key)]
+    # a first-part fit (--fit-until 0.5) gets folders of its own, so it does not overwrite the whole-run comparison
+    tail = "" if args.fit_until == 1 else f"_until{args.fit_until:g}"
+    dirs = [out / (f"comparison{tail}" if i == 0 else f"comparison{tail}_{key}")
+            for i, key in enumerate(args.compute_key)]
+    summaries = [compare(run_dirs, d, fit_until=args.fit_until, compute_key=key)
+                 for d, key in zip(dirs, args.compute_key)]
     summary = summaries[0]
-    (out / "comparison" / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
-                                                                      "seconds": time.time() - t0}, indent=2))
-    print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {out / 'comparison' / 'comparison.md'}")
+    (dirs[0] / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
+                                                          "seconds": time.time() - t0}, indent=2))
+    print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {dirs[0] / 'comparison.md'}")
     return 0 if summary["runs"] else 1
 
 

@@ -137,3 +137,58 @@ def test_loo_rejects_a_bad_override_before_running_anything(tmp_path, capsys):
     with pytest.raises(SystemExit):
         loo.main(["--preset", "tiny", "--fit-until", "0", "--out", str(tmp_path)])
     assert "--fit-until is a fraction" in capsys.readouterr().err
+
+
+def test_over_seeds_averages_paired_draws_as_the_normal_formula_says():
+    """Seed averages of independent normal posteriors: A_bar ~ N(mean of means, sqrt(sum var) / n), and
+    P(A_bar_ref > A_bar_var) = Phi(d / sqrt(var_ref + var_var)) worked from those moments."""
+    import math
+
+    import numpy as np
+
+    from scalerl_jax.scaling.compare import over_seeds
+
+    rng = np.random.default_rng(0)
+    draws = 40000
+
+    def post(a, sd, b=1.0):
+        return {"A": rng.normal(a, sd, draws), "B": rng.normal(b, 0.1, draws)}
+
+    samples = {"scalerl": {"0": post(0.60, 0.03), "1": post(0.62, 0.04), "2": post(0.58, 0.03)},
+               "gspo": {"0": post(0.57, 0.03), "1": post(0.60, 0.04), "2": post(0.56, 0.03), "3": post(0.9, 0.01)}}
+    out = over_seeds(samples, "scalerl")
+    assert out["gspo"]["seeds"] == ["0", "1", "2"]  # seed 3 has no ScaleRL run to pair with
+    sd_bar = math.sqrt(0.03**2 + 0.04**2 + 0.03**2) / 3
+    assert out["gspo"]["A"]["mean"] == pytest.approx((0.57 + 0.60 + 0.56) / 3, abs=2e-3)
+    assert out["gspo"]["A"]["hi"] - out["gspo"]["A"]["lo"] == pytest.approx(2 * 1.6449 * sd_bar, rel=0.03)
+    d = (0.60 + 0.62 + 0.58) / 3 - (0.57 + 0.60 + 0.56) / 3
+    expect = 0.5 * (1 + math.erf(d / (sd_bar * math.sqrt(2)) / math.sqrt(2)))
+    assert out["gspo"]["P_A_ref_gt"] == pytest.approx(expect, abs=0.01)
+    assert out["gspo"]["seeds_A_ref_gt"] == 3 and out["gspo"]["P_B_ref_gt"] == pytest.approx(0.5, abs=0.03)
+    assert "P_A_ref_gt" not in out["scalerl"]
+    with pytest.raises(ValueError, match="no runs of the reference recipe 'scalerl'"):
+        over_seeds({"gspo": samples["gspo"]}, "scalerl")
+
+
+def test_compare_averages_seeds_and_scores_half_compute_predictions(tmp_path):
+    runs = tmp_path / "runs"
+    dirs = []
+    for seed in range(2):
+        for variant, a in (("scalerl", 0.8), ("gspo", 0.55)):
+            _write_curve(runs / f"{variant}_s{seed}", A=a + 0.01 * seed, n=24, noise=0.005, seed=10 * seed + len(dirs))
+            dirs.append(runs / f"{variant}_s{seed}")
+    summary = loo.compare(dirs, tmp_path / "cmp", compute_key="device_hours", fit_until=0.5)
+    seeds = summary["over_seeds"]
+    assert seeds["gspo"]["seeds"] == ["0", "1"] and seeds["gspo"]["P_A_ref_gt"] > 0.95
+    assert seeds["scalerl"]["A"]["mean"] == pytest.approx(0.805, abs=0.05)
+    text = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "## Over seeds" in text and (tmp_path / "cmp" / "A_over_seeds.png").stat().st_size > 0
+    # the prediction table: per run the first half's prediction of the last eval, and each variant's mean error
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")] for r in text.splitlines()
+            if r.startswith("| ") and "]" in r and "_s" in r.split("|")[1]}
+    last = {d.name: json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])["val_reward"] for d in dirs}
+    for name, cells in rows.items():
+        if name in last and "%" not in cells[2]:
+            assert float(cells[3]) == pytest.approx(last[name], abs=1e-3)  # observed = the last eval written
+            assert abs(float(cells[4])) < 0.05  # a clean sigmoid past its midpoint extrapolates well
+    assert "| scalerl | 2 |" in text and "| gspo | 2 |" in text

@@ -12,7 +12,7 @@ import numpy as np
 
 from .bayes import SigmoidPosterior, fit_bayes_batch
 
-__all__ = ["prob_greater", "compare_posteriors", "compare_at_shared_A", "pairwise_table", "A_MARGIN"]
+__all__ = ["prob_greater", "compare_posteriors", "compare_at_shared_A", "pairwise_table", "over_seeds", "A_MARGIN"]
 
 A_MARGIN = 0.02
 
@@ -88,3 +88,43 @@ def pairwise_table(posteriors: dict) -> list[dict]:
     for (n1, p1), (n2, p2) in itertools.permutations(posteriors.items(), 2):
         rows.append({"run_1": n1, "run_2": n2} | compare_posteriors(p1, p2))
     return rows
+
+
+def _interval(x: np.ndarray, interval: float = 0.9) -> dict:
+    q = (1.0 - interval) / 2.0
+    return {"mean": float(np.mean(x)), "lo": float(np.quantile(x, q)), "hi": float(np.quantile(x, 1.0 - q))}
+
+
+def over_seeds(samples: dict, reference: str, params: tuple[str, ...] = ("A", "B"), rng_seed: int = 0) -> dict:
+    """A recipe's parameters averaged over its seeds, and the comparison of those averages with the reference's.
+
+    ``samples``: recipe -> {seed: {param: posterior samples}} (each seed's run fitted on its own). The seed average
+    of a parameter, e.g. A_bar = (A_s0 + A_s1 + A_s2) / 3, has as samples the averages of one draw from each seed's
+    posterior (the fits are independent, so draw i of every seed, after shuffling each seed's draws, is a draw from
+    their product). Each recipe is averaged over the seeds it shares with the reference, so every difference is
+    paired by seed (same warm start, same validation set). Returns recipe -> {"seeds", param: {"mean", "lo", "hi"}
+    (90 % interval of the seed average), "P_<param>_ref_gt": P(ref's average > this recipe's), "seeds_<param>_ref_gt":
+    seeds whose own P(ref > recipe) exceeds 0.5, "draws": {param: the seed average's samples}}. The reference's own
+    row has no P entries."""
+    if reference not in samples:
+        raise ValueError(f"over_seeds: no runs of the reference recipe {reference!r} (have {sorted(samples)})")
+    rng = np.random.default_rng(rng_seed)
+    out = {}
+    ref_seeds = set(samples[reference])
+    for recipe, by_seed in samples.items():
+        seeds = sorted(set(by_seed) & ref_seeds)
+        if not seeds:
+            continue
+        row, means = {"seeds": [str(s) for s in seeds]}, {}
+        for who in (recipe, reference):
+            n = min(np.asarray(samples[who][s][params[0]]).size for s in seeds)
+            means[who] = {k: np.mean([rng.permutation(np.asarray(samples[who][s][k], dtype=float).ravel())[:n]
+                                      for s in seeds], axis=0) for k in params}
+        for k in params:
+            row[k] = _interval(means[recipe][k])
+            if recipe != reference:
+                row[f"P_{k}_ref_gt"] = prob_greater(means[reference][k], means[recipe][k])
+                row[f"seeds_{k}_ref_gt"] = sum(prob_greater(samples[reference][s][k], by_seed[s][k]) > 0.5
+                                               for s in seeds)
+        out[recipe] = row | {"draws": means[recipe]}
+    return out

@@ -246,6 +246,9 @@ def fit_runs(
         "figures": figures,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    # every posterior draw, for comparisons made later without refitting (experiments.loo's seed averages)
+    np.savez_compressed(out / "posterior_samples.npz",
+                        **{f"{n}/{k}": np.asarray(v) for n, p in posteriors.items() for k, v in p.samples.items()})
     (out / "report.md").write_text(_markdown(summary, posteriors, pairwise, compute_key))
     return summary
 

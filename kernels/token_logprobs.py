@@ -35,8 +35,9 @@ Where it runs: ``interpret=None`` interprets the kernel on CPU (slow, exact: the
 use) and compiles it with the Triton backend on GPU; other backends are refused with a message rather than
 silently falling back. The compiled GPU path has not been run in this repository (no GPU here): block sizes are
 powers of two and at least 16 as Triton's dot requires, but they are untuned. ``pallas_call`` is opaque to
-GSPMD: under a sharded ``jit`` on GPU the compiled kernel sees replicated operands; wrap it in ``shard_map``
-over the batch to keep the rows sharded. The pure-JAX reference is
+GSPMD (under a sharded ``jit`` it would see whole, gathered operands), so the train step's dispatch
+(``losses.logprobs.head_logprobs``) runs it inside ``shard_map`` over the batch rows
+(``sharding.per_shard``; tests/test_kernel_sharded.py). The pure-JAX reference is
 :func:`scalerl_jax.losses.logprobs.token_logprobs` (chunked) and ``token_logprobs_naive`` (full logits).
 """
 

@@ -180,3 +180,27 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
         return x
     mesh, rules = _ACTIVE[-1]
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical, x.shape, mesh, rules)))
+
+
+def per_shard(fn, args: Sequence[Any], logical: Sequence[Sequence[str | None]], out_like: Sequence[tuple[int, int]]):
+    """``fn(*args)`` run on each device's block of the arguments (``jax.shard_map``) under the active mesh, and
+    plainly outside one or when the mesh shards none of the arguments.
+
+    For kernels GSPMD cannot partition (a ``pallas_call``, a cuDNN custom call): under a sharded ``jit`` such a
+    call would otherwise receive whole, all-gathered operands on every device. ``logical`` gives each argument's
+    logical axes (``()`` for a scalar), mapped by the active rules like any activation (a dimension its mesh axes
+    do not divide stays whole); ``out_like`` gives, per output of ``fn``, ``(index of the argument whose spec it
+    takes, the output's rank)``: the output's leading dimensions are split as that argument's. ``fn`` must be
+    correct on any block along the sharded dimensions (rows of a batch, whole heads). A mesh axis none of the
+    arguments use runs ``fn`` on whole copies there; gradients of an argument replicated over a mesh axis are
+    summed over that axis by ``shard_map``'s transpose."""
+    active = current_mesh()
+    if active is None:
+        return fn(*args)
+    mesh, rules = active
+    specs = tuple(logical_to_spec(ax, np.shape(a), mesh, rules) for ax, a in zip(logical, args, strict=True))
+    if not any(any(x is not None for x in spec) for spec in specs):
+        return fn(*args)
+    outs = tuple(P(*(tuple(specs[i]) + (None,) * rank)[:rank]) for i, rank in out_like)
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=outs[0] if len(outs) == 1 else outs,
+                         check_vma=False)(*args)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from scalerl_jax.models.layers import dtype as _dtype
+from scalerl_jax.sharding import per_shard
 
 _head_dtype = functools.partial(_dtype, what="head_dtype")
 
@@ -136,4 +137,7 @@ def head_logprobs(
         interpret = resolve_interpret(None)
     except ValueError as e:
         raise ValueError(f"logprobs_impl='pallas' is unavailable here ({e}); use logprobs_impl='reference'") from e
-    return fused_token_logprobs(hidden_BTD, head_DV, targets_BT, temperature=temperature, interpret=interpret)
+    # rows of the batch on their own devices (GSPMD cannot split a pallas_call); the head whole on each
+    return per_shard(lambda h, w, y: fused_token_logprobs(h, w, y, temperature=temperature, interpret=interpret),
+                     (hidden_BTD, head_DV, targets_BT), (("batch", None, None), (None, None), ("batch", None)),
+                     [(2, 2), (2, 2)])

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.sharding import constrain
+from scalerl_jax.sharding import constrain, current_mesh, logical_to_spec, per_shard
 
 DTYPES: dict[str, jnp.dtype] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -283,6 +283,28 @@ def _flash_bwd(cq, ck, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+def _kernel_head_axes(n_q_heads: int, n_kv_heads: int) -> tuple[str | None, str | None]:
+    """Logical head axes for a kernel's operands under the active mesh: split the query and key/value heads only
+    when the mesh splits both into the same number of blocks (a block of query heads must meet its own kv heads:
+    GQA groups them in order); otherwise every device takes all heads of its batch rows."""
+    active = current_mesh()
+    if active is None:
+        return None, None
+    mesh, rules = active
+    same = (logical_to_spec(("q_heads",), (n_q_heads,), mesh, rules)
+            == logical_to_spec(("kv_heads",), (n_kv_heads,), mesh, rules))
+    return ("q_heads", "kv_heads") if same else (None, None)
+
+
+def _kernel_call(fn, arrays, logical, out_like, local):
+    """``fn(*arrays, local)`` on each device's block (``sharding.per_shard``): Pallas kernels are opaque to GSPMD.
+    A traced ``local`` (Llama 4's per-layer chunk flag inside the layer scan) travels as a replicated operand; a
+    Python one stays static."""
+    if isinstance(local, jax.Array):
+        return per_shard(fn, (*arrays, local), (*logical, ()), out_like)
+    return per_shard(lambda *a: fn(*a, local), arrays, logical, out_like)
+
+
 def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, impl: str = "reference",
               local_chunk: int | None = None) -> jax.Array:
     """Causal GQA attention (key s visible to query t iff kpos <= qpos; with ``local`` > 0 also only within the
@@ -301,7 +323,12 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, imp
     if impl != "reference":
         from kernels.attention import self_attention  # kept off the import path of reference runs
 
-        return self_attention(q_BTHD, k_BSKD, v_BSKD, local, impl=impl, chunk=local_chunk)
+        if impl == "cudnn":  # JAX partitions its cuDNN call itself (custom partitioning)
+            return self_attention(q_BTHD, k_BSKD, v_BSKD, local, impl=impl, chunk=local_chunk)
+        hq, hk = _kernel_head_axes(q_BTHD.shape[2], k_BSKD.shape[2])
+        return _kernel_call(lambda q, k, v, loc: self_attention(q, k, v, loc, impl=impl, chunk=local_chunk),
+                            (q_BTHD, k_BSKD, v_BSKD), (("batch", None, hq, None), ("batch", None, hk, None),
+                                                       ("batch", None, hk, None)), [(0, 4)], local)
     B, T, H, Dh = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
@@ -343,8 +370,12 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     if T == 1 and cfg.attention_impl == "pallas":
         from kernels.attention import pallas_decode
 
-        o = pallas_decode(q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0], local,
-                          chunk=cfg.local_attn_chunk, interpret=interpret)
+        _, hk = _kernel_head_axes(H, K)
+        kv = ("batch", hk, None, None)
+        o = _kernel_call(lambda q, k, v, p, loc: pallas_decode(q, k, v, p, loc, chunk=cfg.local_attn_chunk,
+                                                               interpret=interpret),
+                         (q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0]),
+                         (kv, kv, kv, ("batch",)), [(0, 4)], local)
         return o.reshape(B, 1, H, Dh), cache
     if T == 1:
         q_BKGD = q_BTHD.reshape(B, K, H // K, Dh)

@@ -37,7 +37,7 @@ silently falling back. The compiled GPU path has not been run in this repository
 powers of two and at least 16 as Triton's dot requires, but they are untuned. ``pallas_call`` is opaque to
 GSPMD (under a sharded ``jit`` it would see whole, gathered operands), so the train step's dispatch
 (``losses.logprobs.head_logprobs``) runs it inside ``shard_map`` over the batch rows
-(``sharding.per_shard``; tests/test_kernel_sharded.py). The pure-JAX reference is
+(``sharding.per_shard``; tests/test_sharded_kernels.py). The pure-JAX reference is
 :func:`scalerl_jax.losses.logprobs.token_logprobs` (chunked) and ``token_logprobs_naive`` (full logits).
 """
 

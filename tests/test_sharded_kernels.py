@@ -1,5 +1,6 @@
 """The Pallas kernels under a device mesh: each runs on its own devices' rows (inside shard_map, since GSPMD cannot
-split a pallas_call) and the sharded step equals the unsharded reference step (4 simulated CPU devices)."""
+split a pallas_call) and the sharded step equals the unsharded reference step (4 simulated CPU devices, kernels in
+interpret mode: named outside the tests/test_kernel_*.py pattern that benchmarks/gpu_check.sh compiles on a GPU)."""
 
 import json
 import subprocess
@@ -10,12 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_kernels_under_a_mesh_match_the_unsharded_reference():
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_kernel_sharded_check.py")], capture_output=True,
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_sharded_kernels_check.py")], capture_output=True,
                        text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(res) == {"kv2_fsdp2xtensor2", "kv2_fsdp4xtensor1", "kv1_fsdp2xtensor2", "kv1_fsdp4xtensor1",
-                        "decode_fsdp2xtensor2"}
+    assert set(res) == {"kv2_fsdp2xtensor2", "kv2_fsdp4xtensor1", "kv1_fsdp2xtensor2", "decode_fsdp2xtensor2"}
     for case, v in res.items():
         # the log-prob kernel (forward, dh, dw) and the attention kernel (forward, backward) in the train step,
         # the decode kernel in decoding: each inside a shard_map, none left for GSPMD to replicate

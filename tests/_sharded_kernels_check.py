@@ -68,7 +68,8 @@ for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv he
              "truncated": np.zeros(B, np.float32)}
     ref_state, ref_m = jax.jit(make_train_step(rl_loss(ref_cfg, LossConfig()), opt))(init_train_state(params, opt),
                                                                                      batch)
-    for shape in (dict(fsdp=2, tensor=2), dict(fsdp=4, tensor=1)):
+    # GQA over both meshes; MQA (heads cannot split alike) on the tensor mesh only
+    for shape in (dict(fsdp=2, tensor=2), dict(fsdp=4, tensor=1))[:2 if kv_heads == 2 else 1]:
         mesh = shd.make_mesh(MeshConfig(**shape))
         _, st_sh = state_shardings(ker_cfg, opt, mesh)
         b_sh = shd.batch_shardings(batch, mesh)

@@ -163,8 +163,9 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
             fittable.append(d)
         except (OSError, ValueError) as e:
             unfit[Path(d).name] = str(e)
-    summary = (fit_runs(fittable, out, fit_until=fit_until, compute_key=compute_key) if fittable
-               else {"runs": {}, "pairwise": []})
+    posteriors = {}
+    summary = (fit_runs(fittable, out, fit_until=fit_until, compute_key=compute_key, posteriors_out=posteriors)
+               if fittable else {"runs": {}, "pairwise": []})
     runs = summary["runs"]
     pair = {(r["run_1"], r["run_2"]): r for r in summary.get("pairwise", [])}
 
@@ -199,7 +200,7 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
                      f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
     if fit_until < 1 and runs:
         lines += _prediction_table(runs, fit_until, compute_key)
-    seeds = _seed_average(runs, out, reference)
+    seeds = _seed_average(runs, posteriors, out, reference)
     if seeds:
         lines += _seed_table(seeds, reference)
         summary["over_seeds"] = {v: {k: x for k, x in row.items() if k != "draws"} for v, row in seeds.items()}
@@ -238,24 +239,18 @@ def _prediction_table(runs: dict, fit_until: float, compute_key: str) -> list[st
     return lines
 
 
-def _seed_average(runs: dict, out: Path, reference: str) -> dict:
-    """``over_seeds`` on the posterior draws fit_runs saved (``posterior_samples.npz``), when some recipe has more
-    than one seed; draws ``A_over_seeds.png`` (each recipe's seed-averaged ceiling, one shared axis)."""
+def _seed_average(runs: dict, posteriors: dict, out: Path, reference: str) -> dict:
+    """``over_seeds`` on the fitted runs' posterior draws, when some recipe has more than one seed; draws
+    ``A_over_seeds.png`` (each recipe's seed-averaged ceiling, one shared axis)."""
     import types
-
-    import numpy as np
 
     from scalerl_jax.scaling.compare import over_seeds
     from scalerl_jax.scaling.plots import plot_A_posteriors, save
 
     by_recipe: dict[str, dict[str, dict]] = {}
-    file = out / "posterior_samples.npz"
-    if not file.exists():
-        return {}
-    with np.load(file) as z:
-        for name in runs:
-            variant, seed = _variant_seed(name)
-            by_recipe.setdefault(variant, {})[seed] = {k: z[f"{name}/{k}"] for k in ("A", "B")}
+    for name in runs:
+        variant, seed = _variant_seed(name)
+        by_recipe.setdefault(variant, {})[seed] = posteriors[name].samples
     if reference not in by_recipe or max(len(s) for s in by_recipe.values()) < 2:
         return {}
     seeds = over_seeds(by_recipe, reference)

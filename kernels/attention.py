@@ -31,8 +31,9 @@ model sees whole sequences from position 0. The KV-cached paths are below.
 Where they run: ``"pallas"`` interprets on CPU (exact and slow: for tests) and compiles with Triton on GPU;
 ``"cudnn"`` runs on CUDA GPUs only. Any other combination raises ``ValueError`` naming
 ``ModelConfig.attention_impl`` and the backend; nothing falls back to the reference silently. ``pallas_call`` is
-opaque to GSPMD, so ``models.layers`` runs both Pallas kernels inside ``shard_map`` (``sharding.per_shard``:
-batch rows, and heads when the mesh splits query and kv heads alike); JAX partitions its cuDNN call itself.
+opaque to GSPMD, so ``models.layers.attention`` runs the training kernel inside ``shard_map``
+(``sharding.per_shard``: batch rows, and heads when the mesh splits query and kv heads alike); JAX partitions its
+cuDNN call itself. The decode kernel runs in the embedded engine, which has no mesh.
 The compiled GPU paths have not been run in this repository (no GPU here): on CPU the Pallas kernels ran in
 interpret mode, and the cuDNN wrapper's folding and GQA layout ran with ``implementation="xla"`` in its place
 (``library_attention``).

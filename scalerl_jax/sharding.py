@@ -186,7 +186,7 @@ def per_shard(fn, args: Sequence[Any], logical: Sequence[Sequence[str | None]], 
     """``fn(*args)`` run on each device's block of the arguments (``jax.shard_map``) under the active mesh, and
     plainly outside one or when the mesh shards none of the arguments.
 
-    For kernels GSPMD cannot partition (a ``pallas_call``, a cuDNN custom call): under a sharded ``jit`` such a
+    For kernels GSPMD cannot partition (a ``pallas_call``): under a sharded ``jit`` such a
     call would otherwise receive whole, all-gathered operands on every device. ``logical`` gives each argument's
     logical axes (``()`` for a scalar), mapped by the active rules like any activation (a dimension its mesh axes
     do not divide stays whole); ``out_like`` gives, per output of ``fn``, ``(index of the argument whose spec it

@@ -1,6 +1,5 @@
 """Run in a subprocess with 4 simulated CPU devices: an RL train step with the Pallas kernels (token log-probs and
-attention, interpret mode) under sharded meshes vs the unsharded reference step, and one Pallas decode step over a
-KV cache under a mesh vs the reference decode without one.
+attention, interpret mode) under sharded meshes (the trainer's jit_train_step) vs the unsharded reference step.
 
 Prints one JSON line: {case: {"loss", "grad_norm_rel", "params", "in_shard_map", ...}}.
 """
@@ -16,14 +15,11 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scalerl_jax import sharding as shd  # noqa: E402
 from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig  # noqa: E402
 from scalerl_jax.models import init_params, tiny  # noqa: E402
-from scalerl_jax.models.layers import cached_attention  # noqa: E402
-from scalerl_jax.models.model import init_cache  # noqa: E402
 from scalerl_jax.train import init_train_state, jit_train_step, make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import rl_loss  # noqa: E402
 
@@ -73,11 +69,10 @@ for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv he
         mesh = shd.make_mesh(MeshConfig(**shape))
         _, st_sh = state_shardings(ker_cfg, opt, mesh)
         b_sh = shd.batch_shardings(batch, mesh)
-        step_fn = make_train_step(rl_loss(ker_cfg, LossConfig()), opt)
-        with shd.use_mesh(mesh):
-            calls = pallas_calls(jax.make_jaxpr(step_fn)(init_train_state(params, opt), batch))
-        step = jit_train_step(step_fn, st_sh, b_sh, mesh)
-        state, m = step(jax.device_put(init_train_state(params, opt), st_sh), jax.device_put(batch, b_sh))
+        step = jit_train_step(make_train_step(rl_loss(ker_cfg, LossConfig()), opt), st_sh, b_sh, mesh)
+        state0, batch0 = jax.device_put(init_train_state(params, opt), st_sh), jax.device_put(batch, b_sh)
+        calls = pallas_calls(jax.make_jaxpr(step)(state0, batch0))  # the jitted step the trainer runs
+        state, m = step(state0, batch0)
         out[f"kv{kv_heads}_" + "x".join(f"{k}{v}" for k, v in shape.items())] = {
             "loss": abs(float(m["loss"]) - float(ref_m["loss"])),
             "loss_ref": float(ref_m["loss"]),
@@ -90,22 +85,4 @@ for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv he
             "pallas_calls": calls,
         }
 
-# one decode step through the Pallas decode kernel under a mesh vs the reference decode without one
-cfg = dataclasses.replace(tiny(), n_heads=4, n_kv_heads=2, vocab_size=24)
-H, K, Dh, S = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 40
-ks = jax.random.split(jax.random.key(1), 5)
-cache = init_cache(cfg, B, S)
-cache = {n: jax.random.normal(k, c.shape, c.dtype) for (n, c), k in zip(cache.items(), ks[:2])}
-q = jax.random.normal(ks[2], (B, 1, H, Dh))
-k_new, v_new = jax.random.normal(ks[3], (B, 1, K, Dh)), jax.random.normal(ks[4], (B, 1, K, Dh))
-pos = jnp.asarray(rng.randint(0, S, (B, 1)), jnp.int32)
-ref, _ = jax.jit(lambda *a: cached_attention(*a, 0, cfg))(q, k_new, v_new, pos, cache)
-ker_cfg = dataclasses.replace(cfg, attention_impl="pallas")
-mesh = shd.make_mesh(MeshConfig(fsdp=2, tensor=2))
-with shd.use_mesh(mesh):
-    fn = jax.jit(lambda *a: cached_attention(*a, 0, ker_cfg))
-    got, _ = fn(q, k_new, v_new, pos, cache)
-    calls = pallas_calls(jax.make_jaxpr(lambda *a: cached_attention(*a, 0, ker_cfg))(q, k_new, v_new, pos, cache))
-out["decode_fsdp2xtensor2"] = {"out": float(jnp.max(jnp.abs(got - ref))), "scale": float(jnp.max(jnp.abs(ref))),
-                               "pallas_calls": calls}
 print(json.dumps(out))

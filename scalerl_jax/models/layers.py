@@ -296,15 +296,6 @@ def _kernel_head_axes(n_q_heads: int, n_kv_heads: int) -> tuple[str | None, str 
     return ("q_heads", "kv_heads") if same else (None, None)
 
 
-def _kernel_call(fn, arrays, logical, out_like, local):
-    """``fn(*arrays, local)`` on each device's block (``sharding.per_shard``): Pallas kernels are opaque to GSPMD.
-    A traced ``local`` (Llama 4's per-layer chunk flag inside the layer scan) travels as a replicated operand; a
-    Python one stays static."""
-    if isinstance(local, jax.Array):
-        return per_shard(fn, (*arrays, local), (*logical, ()), out_like)
-    return per_shard(lambda *a: fn(*a, local), arrays, logical, out_like)
-
-
 def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, impl: str = "reference",
               local_chunk: int | None = None) -> jax.Array:
     """Causal GQA attention (key s visible to query t iff kpos <= qpos; with ``local`` > 0 also only within the
@@ -325,10 +316,16 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, imp
 
         if impl == "cudnn":  # JAX partitions its cuDNN call itself (custom partitioning)
             return self_attention(q_BTHD, k_BSKD, v_BSKD, local, impl=impl, chunk=local_chunk)
+        # Pallas is opaque to GSPMD: each device runs the kernel on its own rows (sharding.per_shard). A traced
+        # ``local`` (Llama 4's per-layer chunk flag in the layer scan) travels as a replicated operand.
         hq, hk = _kernel_head_axes(q_BTHD.shape[2], k_BSKD.shape[2])
-        return _kernel_call(lambda q, k, v, loc: self_attention(q, k, v, loc, impl=impl, chunk=local_chunk),
-                            (q_BTHD, k_BSKD, v_BSKD), (("batch", None, hq, None), ("batch", None, hk, None),
-                                                       ("batch", None, hk, None)), [(0, 4)], local)
+        args, axes = (q_BTHD, k_BSKD, v_BSKD), (("batch", None, hq, None), ("batch", None, hk, None),
+                                                ("batch", None, hk, None))
+        if isinstance(local, jax.Array):
+            return per_shard(lambda q, k, v, loc: self_attention(q, k, v, loc, impl=impl, chunk=local_chunk),
+                             (*args, local), (*axes, ()), [(0, 4)])
+        return per_shard(lambda q, k, v: self_attention(q, k, v, local, impl=impl, chunk=local_chunk), args, axes,
+                         [(0, 4)])
     B, T, H, Dh = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     q = q_BTHD.reshape(B, T, K, H // K, Dh)
@@ -370,12 +367,8 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     if T == 1 and cfg.attention_impl == "pallas":
         from kernels.attention import pallas_decode
 
-        _, hk = _kernel_head_axes(H, K)
-        kv = ("batch", hk, None, None)
-        o = _kernel_call(lambda q, k, v, p, loc: pallas_decode(q, k, v, p, loc, chunk=cfg.local_attn_chunk,
-                                                               interpret=interpret),
-                         (q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0]),
-                         (kv, kv, kv, ("batch",)), [(0, 4)], local)
+        o = pallas_decode(q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0], local,
+                          chunk=cfg.local_attn_chunk, interpret=interpret)
         return o.reshape(B, 1, H, Dh), cache
     if T == 1:
         q_BKGD = q_BTHD.reshape(B, K, H // K, Dh)

@@ -109,17 +109,23 @@ def over_seeds(samples: dict, reference: str, params: tuple[str, ...] = ("A", "B
     if reference not in samples:
         raise ValueError(f"over_seeds: no runs of the reference recipe {reference!r} (have {sorted(samples)})")
     rng = np.random.default_rng(rng_seed)
+    cache: dict[tuple, dict] = {}
+
+    def seed_mean(who: str, seeds: tuple) -> dict:
+        if (who, seeds) not in cache:
+            n = min(np.asarray(samples[who][s][params[0]]).size for s in seeds)
+            cache[who, seeds] = {k: np.mean([rng.permutation(np.asarray(samples[who][s][k], dtype=float).ravel())[:n]
+                                             for s in seeds], axis=0) for k in params}
+        return cache[who, seeds]
+
     out = {}
     ref_seeds = set(samples[reference])
     for recipe, by_seed in samples.items():
-        seeds = sorted(set(by_seed) & ref_seeds)
+        seeds = tuple(sorted(set(by_seed) & ref_seeds))
         if not seeds:
             continue
-        row, means = {"seeds": [str(s) for s in seeds]}, {}
-        for who in (recipe, reference):
-            n = min(np.asarray(samples[who][s][params[0]]).size for s in seeds)
-            means[who] = {k: np.mean([rng.permutation(np.asarray(samples[who][s][k], dtype=float).ravel())[:n]
-                                      for s in seeds], axis=0) for k in params}
+        row = {"seeds": [str(s) for s in seeds]}
+        means = {who: seed_mean(who, seeds) for who in (recipe, reference)}
         for k in params:
             row[k] = _interval(means[recipe][k])
             if recipe != reference:

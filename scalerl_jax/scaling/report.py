@@ -196,6 +196,7 @@ def fit_runs(
     num_warmup: int | None = None,
     make_plots: bool = True,
     per_task: bool = True,
+    posteriors_out: dict | None = None,
 ) -> dict:
     """Fit each run's eval curve on its first ``fit_until`` fraction of compute (or up to ``fit_until_compute``),
     predict the reward at ``target_compute`` and compare runs; write summary.json, plots and report.md.
@@ -208,6 +209,8 @@ def fit_runs(
         exclude_below: drop points below this compute from every fit (the paper's first ~1.5k GPU-h).
         compute_key: eval-row column used as compute ("device_hours" or "flops").
         per_task: also fit each task's curve of a multi-task run (``val_reward_<task>``), as ``<run>_<task>``.
+        posteriors_out: a dict to receive every fit's SigmoidPosterior by curve name (its draws, for comparisons
+            beyond the pairwise table, e.g. experiments.loo's seed averages).
         seed, num_samples, num_chains, num_warmup: NUTS settings for fit_bayes.
     Returns the summary dict written to summary.json.
     """
@@ -220,6 +223,8 @@ def fit_runs(
     notes = {c.name: [] for c in curves}
     posteriors = _fit_posteriors(inputs, notes, seed=seed, num_samples=num_samples, num_chains=num_chains,
                                  num_warmup=num_warmup)
+    if posteriors_out is not None:
+        posteriors_out.update(posteriors)
 
     runs, figures = {}, []
     for curve in curves:
@@ -246,9 +251,6 @@ def fit_runs(
         "figures": figures,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    # every posterior draw, for comparisons made later without refitting (experiments.loo's seed averages)
-    np.savez_compressed(out / "posterior_samples.npz",
-                        **{f"{n}/{k}": np.asarray(v) for n, p in posteriors.items() for k, v in p.samples.items()})
     (out / "report.md").write_text(_markdown(summary, posteriors, pairwise, compute_key))
     return summary
 

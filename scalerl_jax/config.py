@@ -402,11 +402,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # global gradient-norm clip (0: off)
     steps: int = 1000  # RL steps (trainer updates)
     microbatches: int = 1  # gradient accumulation
-    eval_every: int = 100  # steps between validation evals (with eval_log_points: the first eval's step)
-    # > 0: evaluate at about this many steps spaced evenly in log(step) from eval_every to steps (see eval_steps)
-    # instead of every eval_every steps: the sigmoid law is fitted against log compute, so evenly spaced steps put
-    # most evals on the flat tail and few on the rise that fixes B and the midpoint
-    eval_log_points: int = 0
+    eval_every: int = 100  # steps between validation evals
     eval_samples: int = 16  # samples per validation prompt
     checkpoint_every: int = 50  # steps between checkpoints
     keep_checkpoints: int = 3  # checkpoints kept on disk
@@ -415,7 +411,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         _check(self.microbatches >= 1, f"TrainConfig.microbatches must be >= 1, got {self.microbatches}")
-        _check(self.eval_log_points >= 0, f"TrainConfig.eval_log_points must be >= 0, got {self.eval_log_points}")
 
 
 @dataclass(frozen=True)
@@ -431,22 +426,6 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the code reward's sandbox
     out_dir: str = "runs/scalerl"  # run directory (--out sets it)
-
-
-def eval_steps(train: TrainConfig) -> tuple[int, ...]:
-    """The steps after which the trainer evaluates (step 0, before any update, is always evaluated too).
-
-    ``eval_log_points == 0``: every ``eval_every`` steps and the last step. Otherwise about ``eval_log_points``
-    steps spaced evenly in log(step) from ``eval_every`` to ``steps``, rounded to whole steps (duplicates from the
-    rounding dropped, so early on the spacing is one step) and the last step; e.g. 20 points over 2..144 (ratio
-    72 ** (1/19) = 1.25) give 2, 3, 4, 5, 6, 8, 10, 12, 15, 19, 24, 30, 37, 47, 59, 73, 92, 115, 144."""
-    total, first = max(train.steps, 1), min(max(train.eval_every, 1), max(train.steps, 1))
-    if train.eval_log_points <= 0:
-        return (*range(first, total, first), total)
-    n = train.eval_log_points
-    ratio = (total / first) ** (1.0 / max(n - 1, 1))
-    points = {min(total, round(first * ratio**i)) for i in range(n)}
-    return tuple(sorted(points | {total}))
 
 
 def generator_model(exp: ExperimentConfig) -> ModelConfig:

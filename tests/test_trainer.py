@@ -415,38 +415,3 @@ def test_a_run_that_can_never_update_stops_with_a_clear_error(tmp_path, monkeypa
             trainer.run()
     finally:
         trainer.close()
-
-
-# ---- the eval schedule ------------------------------------------------------------------------------------------
-
-
-def test_eval_steps_even_and_log_spaced():
-    """Worked by hand: every 4 steps up to 50 ends on the last step; 5 log points over 1..16 have ratio 2 exactly.
-    A long log schedule: starts at eval_every, ends at steps, strictly increasing, and no gap exceeds the ratio
-    (plus one step of rounding)."""
-    import dataclasses
-
-    from scalerl_jax.config import TrainConfig, eval_steps
-
-    assert eval_steps(TrainConfig(steps=50, eval_every=4)) == (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 50)
-    assert eval_steps(TrainConfig(steps=16, eval_every=1, eval_log_points=5)) == (1, 2, 4, 8, 16)
-    t = TrainConfig(steps=1000, eval_every=3, eval_log_points=30)
-    s = eval_steps(t)
-    ratio = (1000 / 3) ** (1 / 29)
-    assert s[0] == 3 and s[-1] == 1000 and list(s) == sorted(set(s)) and 20 <= len(s) <= 30
-    assert all(b <= a * ratio + 1 for a, b in zip(s, s[1:]))
-    # the first eval step may not pass the run's end; a negative count is refused naming the field
-    assert eval_steps(dataclasses.replace(t, steps=2)) == (2,)
-    with pytest.raises(ValueError, match="eval_log_points"):
-        TrainConfig(eval_log_points=-1)
-
-
-def test_trainer_evaluates_on_the_log_schedule(tmp_path):
-    """eval_log_points=4 over 1..8 steps: evals after steps 0 (before RL), 1, 2, 4 and 8, read from metrics.jsonl."""
-    import dataclasses
-
-    exp = make_exp(mode="ppo_off_policy", k=1, steps=8, npr=False)
-    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, eval_every=1, eval_log_points=4))
-    trainer, _engine, summary = run_trainer(tmp_path, exp)
-    assert summary["steps"] == 8
-    assert [r["step"] for r in read_metrics(tmp_path, "eval")] == [0, 1, 2, 4, 8]

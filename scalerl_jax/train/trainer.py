@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalerl_jax.config import ExperimentConfig, eval_steps
+from scalerl_jax.config import ExperimentConfig
 from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.pipeline import PromptData
 from scalerl_jax.distributed import Channel
@@ -266,7 +266,7 @@ class RLTrainer:
 
     def run(self) -> dict[str, Any]:
         total = self.tcfg.steps
-        schedule = eval_steps(self.tcfg)
+        every = max(self.tcfg.eval_every, 1)
         self.last_val = float("nan")
         self.last_train: dict[str, Any] = {}
         progress = Progress(total, desc=f"rl:{self.rcfg.mode}")
@@ -298,7 +298,7 @@ class RLTrainer:
                 progress.update(step, reward=self.last_train.get("reward_mean", float("nan")),
                                 val=self.last_val, tok_s=self.last_train.get("gen_tokens_per_s", 0.0))
                 crossed = lambda n: step // n > before // n  # noqa: E731
-                if step > before and (any(before < s <= step for s in schedule) or step >= total):
+                if step > before and (crossed(every) or step >= total):
                     self._eval_row()
                 # PPO-off-policy: every loop iteration ends at a round boundary (what resume needs), also when a
                 # skipped update left the step count off a multiple of k

@@ -126,11 +126,11 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
     policy solves. The warm start (``char_chain``: 300 x 128 steps on 20,000 distinct chains of the training
     stream) leaves headroom the tiny way: 50 % of its targets stop after the scratchpad without marking an answer,
     so RL has a shared behaviour to learn (commit) and the budget caps what it can reach. Measured for seed 0 at
-    these settings (a 72-step pilot, docs/results/loo_tiny_chain.md): validation 0.29 -> ~0.50 in 72 steps, still creeping (a fitted
-    B of about 1 on the FLOPs axis), NPR retired none of the 128 prompts (a prompt needs 8 of 8 samples right);
-    lr 1.5e-4 collapsed it to 0.09 by step 40. 200 validation prompts x 4 samples every 4 steps:
-    benchmarks/bench_fit_resolution.py shows how much that pins A. The earlier setting (15 % unmarked, lr 3e-5,
-    100 validation prompts) jumped to its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
+    these settings (a 72-step pilot, docs/results/loo_tiny_chain.md): validation 0.29 -> ~0.50 in 72 steps, still
+    creeping (a fitted B of about 1 on the FLOPs axis), NPR retired none of the 128 prompts (a prompt needs 8 of 8
+    samples right); lr 1.5e-4 collapsed it to 0.09 by step 40. 200 validation prompts x 4 samples every 4 steps:
+    benchmarks/bench_fit_resolution.py shows how much that pins A. The earlier setting (15 % unmarked, lr 3e-5, 100
+    validation prompts) jumped to its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
     p = tiny_plan(seed)
     length = LengthConfig(kind="interruption", think_budget_lo=30, think_budget_hi=38, answer_budget=4,
                           think_end="#", interruption_text="#", penalty_max_len=44, penalty_cache=8)

@@ -2,6 +2,7 @@
 the sigmoid law is fitted on the first half of a simulated run, by eval schedule, eval size and curve shape.
 
     .venv/bin/python -m benchmarks.bench_fit_resolution [--seeds 3]
+    .venv/bin/python -m benchmarks.bench_fit_resolution --measured A R0 B CMID_STEPS [--lengths 96 192 384]
 
 Each case simulates a run of 144 steps whose true curve is the law with R0 0.30 and A 0.60 (C = step: FLOPs grow
 linearly with steps), evaluated on n prompts x k samples (prompt pass rates ~ Beta with concentration 2 around the
@@ -33,42 +34,70 @@ STEPS, R0, A = 144, 0.30, 0.60
 EVERY = (2, 4, 8)
 
 
-def simulate(steps, B, cmid, n, k, rng):
-    mu = sigmoid_reward(steps, A, B, cmid, R0)
+def simulate(steps, a, r0, B, cmid, n, k, rng):
+    mu = sigmoid_reward(steps, a, B, cmid, r0)
     p = rng.beta(mu[:, None] * 2.0, (1.0 - mu[:, None]) * 2.0, size=(len(steps), n))
     return rng.binomial(k, p).mean(axis=1) / k
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=3, help="noise seeds per case")
-    args = ap.parse_args(argv)
-    cases = list(itertools.product((1.5, 3.0), (0.05, 0.15), ((100, 4), (400, 4)), EVERY))
+def fit_cases(cases: list[tuple], seeds: int) -> dict[tuple, list]:
+    """cases: (run steps, A, R0, B, C_mid in steps, n, k, eval every). Per case and noise seed: (A's 90 % width,
+    |prediction at the last step - true curve|, whether the 90 % interval covered it), fitting steps <= half."""
     curves, keys = [], []
-    for (B, frac, (n, k), every), seed in itertools.product(cases, range(args.seeds)):
-        rng = np.random.default_rng(seed)
-        steps = np.arange(every, STEPS + 1, every, dtype=float)
-        half = steps <= STEPS / 2
-        r = simulate(steps[half], B, frac * STEPS, n, k, rng)
-        curves.append(dict(compute=steps[half], reward=r, R0=R0, n_prompts=n, k_samples=k))
-        keys.append((B, frac, n, k, every))
+    for case, seed in itertools.product(cases, range(seeds)):
+        total, a, r0, B, cmid, n, k, every = case
+        steps = np.arange(every, total + 1, every, dtype=float)
+        half = steps <= total / 2
+        r = simulate(steps[half], a, r0, B, cmid, n, k, np.random.default_rng(seed))
+        curves.append(dict(compute=steps[half], reward=r, R0=r0, n_prompts=n, k_samples=k))
+        keys.append(case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         posts = fit_bayes_batch(curves, num_samples=500, num_chains=2)
     rows: dict[tuple, list] = {}
-    for key, (B, frac, *_), post in zip(keys, keys, posts):
-        a = post.summary()["A"]
-        mean, lo, hi = (float(np.ravel(x)[0]) for x in post.predict(np.array([float(STEPS)])))
-        true = float(sigmoid_reward(np.array([float(STEPS)]), A, B, frac * STEPS, R0)[0])
-        rows.setdefault(key, []).append((a["hi"] - a["lo"], abs(mean - true), lo <= true <= hi))
+    for case, post in zip(keys, posts):
+        total, a, r0, B, cmid, *_ = case
+        s = post.summary()["A"]
+        end = np.array([float(total)])
+        mean, lo, hi = (float(np.ravel(x)[0]) for x in post.predict(end))
+        true = float(sigmoid_reward(end, a, B, cmid, r0)[0])
+        rows.setdefault(case, []).append((s["hi"] - s["lo"], abs(mean - true), lo <= true <= hi))
+    return rows
+
+
+def _cells(vals) -> str:
+    w, e, c = zip(*vals)
+    return f"{np.median(w):.3f} | {np.mean(e):.3f} | {sum(c)}/{len(c)} |"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=3, help="noise seeds per case")
+    ap.add_argument("--measured", type=float, nargs=4, metavar=("A", "R0", "B", "CMID_STEPS"),
+                    help="instead of the design grid: one measured curve (e.g. a run's whole-run fit, C_mid in "
+                         "steps), fitted on the first half of runs of --lengths steps")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[96, 192, 384, 768], help="run lengths (--measured)")
+    ap.add_argument("--evals", type=int, nargs=3, default=[200, 4, 4], metavar=("N", "K", "EVERY"),
+                    help="eval prompts, samples per prompt, steps between evals (--measured)")
+    args = ap.parse_args(argv)
+    head = "| A 90% width (median) | mean abs error at end | covered |"
+    if args.measured:
+        a, r0, B, cmid = args.measured
+        n, k, every = args.evals
+        rows = fit_cases([(t, a, r0, B, cmid, n, k, every) for t in args.lengths], args.seeds)
+        print(f"true A {a}, R0 {r0}, B {B}, C_mid at step {cmid:g}; evals {n} x {k} every {every} steps; fit on the "
+              f"first half; {args.seeds} noise seeds per row\n")
+        print(f"| run steps | evals in fit {head}\n|---|---|---|---|---|")
+        for case, vals in rows.items():
+            print(f"| {case[0]} | {case[0] // 2 // every} | {_cells(vals)}")
+        return
+    grid = itertools.product((1.5, 3.0), (0.05, 0.15), ((100, 4), (400, 4)), EVERY)
+    rows = fit_cases([(STEPS, A, R0, B, frac * STEPS, n, k, every) for B, frac, (n, k), every in grid], args.seeds)
     print(f"true A {A}, R0 {R0}, {STEPS} steps, fit on steps <= {STEPS // 2}; {args.seeds} noise seeds per row\n")
-    print("| B | C_mid / run | evals n x k | eval every | evals in fit | A 90% width (median) | mean abs error at "
-          "end | covered |")
+    print(f"| B | C_mid / run | evals n x k | eval every | evals in fit {head}")
     print("|---|---|---|---|---|---|---|---|")
-    for (B, frac, n, k, every), vals in rows.items():
-        w, e, c = zip(*vals)
-        print(f"| {B} | {frac} | {n} x {k} | {every} | {STEPS // 2 // every} | {np.median(w):.3f} | {np.mean(e):.3f} | "
-              f"{sum(c)}/{len(c)} |")
+    for (_, _, _, B, cmid, n, k, every), vals in rows.items():
+        print(f"| {B} | {cmid / STEPS:g} | {n} x {k} | {every} | {STEPS // 2 // every} | {_cells(vals)}")
 
 
 if __name__ == "__main__":

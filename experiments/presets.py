@@ -125,12 +125,13 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
     4 batches of 32 per epoch) is revisited for many epochs, so No-Positive-Resampling can retire the prompts the
     policy solves. The warm start (``char_chain``: 300 x 128 steps on 20,000 distinct chains of the training
     stream) leaves headroom the tiny way: 50 % of its targets stop after the scratchpad without marking an answer,
-    so RL has a shared behaviour to learn (commit) and the budget caps what it can reach. Measured for seed 0 at
-    these settings (a 72-step pilot, docs/results/loo_tiny_chain.md): validation 0.29 -> ~0.50 in 72 steps, still
-    creeping (a fitted B of about 1 on the FLOPs axis), NPR retired none of the 128 prompts (a prompt needs 8 of 8
-    samples right); lr 1.5e-4 collapsed it to 0.09 by step 40. 200 validation prompts x 4 samples every 4 steps:
-    benchmarks/bench_fit_resolution.py shows how much that pins A. The earlier setting (15 % unmarked, lr 3e-5, 100
-    validation prompts) jumped to its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
+    so RL has a shared behaviour to learn (commit) and the budget caps what it can reach. Measured
+    (docs/results/loo_tiny_chain.md): at lr 3e-5, 200 validation prompts x 4 every 4 steps, seed 0 went 0.290 ->
+    0.530 in 96 steps, rising to ~0.47 by step 36 and then creeping; lr 5e-5 was unstable on 2 of 3 seeds
+    (importance ratios up to 210 at staleness 8) and 1.5e-4 collapsed (0.29 -> 0.09 in 40 steps). NPR retired none
+    of the 128 prompts in 96 steps (a prompt needs 8 of 8 samples right). benchmarks/bench_fit_resolution.py shows
+    how much such a curve's first half pins A. The earlier setting (15 % unmarked, 100 validation prompts) jumped to
+    its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
     p = tiny_plan(seed)
     length = LengthConfig(kind="interruption", think_budget_lo=30, think_budget_hi=38, answer_budget=4,
                           think_end="#", interruption_text="#", penalty_max_len=44, penalty_cache=8)
@@ -138,7 +139,7 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
             rollout=R(p.exp.rollout, max_prompt_len=16, max_new_tokens=44, length=length),
             data=DataConfig(source="chain", chain_depth_lo=2, chain_depth_hi=6, n_train=128, val_size=200,
                             seed=seed, npr=True, npr_threshold=0.9),
-            train=R(p.exp.train, lr=5e-5, steps=96, eval_every=4, checkpoint_every=24),
+            train=R(p.exp.train, steps=96, eval_every=4, checkpoint_every=24),
             out_dir="runs/tiny_chain")
     return R(p, exp=exp, seq_len=64, warm_steps=300, warm_unmarked_frac=0.5, base_kind="char_chain",
              n_problems=20000)

@@ -128,10 +128,10 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
     so RL has a shared behaviour to learn (commit) and the budget caps what it can reach. Measured
     (docs/results/loo_tiny_chain.md): at lr 3e-5, 200 validation prompts x 4 every 4 steps, seed 0 went 0.290 ->
     0.530 in 96 steps, rising to ~0.47 by step 36 and then creeping; lr 5e-5 was unstable on 2 of 3 seeds
-    (importance ratios up to 210 at staleness 8) and 1.5e-4 collapsed (0.29 -> 0.09 in 40 steps). NPR retired none
-    of the 128 prompts in 96 steps (a prompt needs 8 of 8 samples right). benchmarks/bench_fit_resolution.py shows
-    how much such a curve's first half pins A. The earlier setting (15 % unmarked, 100 validation prompts) jumped to
-    its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
+    (importance ratios up to 210 at staleness 8) and 1.5e-4 collapsed (0.29 -> 0.09 in 40 steps). NPR retired at
+    most 1 of the 128 prompts in 96 steps (3 seeds) (a prompt needs 8 of 8 samples right).
+    benchmarks/bench_fit_resolution.py shows how much such a curve's first half pins A. The earlier setting (15 %
+    unmarked, 100 validation prompts) jumped to its plateau within ~8 steps, leaving the sigmoid no rise to fit."""
     p = tiny_plan(seed)
     length = LengthConfig(kind="interruption", think_budget_lo=30, think_budget_hi=38, answer_budget=4,
                           think_end="#", interruption_text="#", penalty_max_len=44, penalty_cache=8)

@@ -35,19 +35,10 @@ import numpy as np
 
 from experiments.base_models import BaseModel, prepare_base
 from experiments.common import ExperimentPlan, write_report
-from scalerl_jax.config import ConfigError, ExperimentConfig, ModelConfig, generator_model
+from experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
+from scalerl_jax.config import ConfigError, ExperimentConfig, generator_model
 
 R = dataclasses.replace
-
-# ModelConfig fields a preset decides whatever checkpoint it starts from (how to compute, not what the model is)
-NUMERICS = ("dtype", "param_dtype", "head_dtype", "remat", "attn_chunk", "moe_impl", "moe_capacity_factor",
-            "logprobs_impl", "attention_impl")
-
-
-def model_from_checkpoint(preset: ModelConfig, ckpt: ModelConfig) -> ModelConfig:
-    """The checkpoint's architecture with the preset's numerics (``NUMERICS``)."""
-    return R(ckpt, **{f: getattr(preset, f) for f in NUMERICS})
-
 
 # ---- inputs, checked before compute ------------------------------------------------------------------------
 

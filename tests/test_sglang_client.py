@@ -1,5 +1,7 @@
-"""SGLangGenerator: retries with back-off, failover, exactly-once results, response mapping, the in-flight
-weight update on a real server, client-side interruption, and payloads vs SGLang's own dataclasses."""
+"""SGLangGenerator: retries with back-off, failover, exactly-once results, response mapping (a missing log-prob is
+a bad response), the in-flight weight update on a real server, client-side interruption, payloads vs SGLang's own
+dataclasses, and weight pushes confirmed worker by worker (a worker reporting another version is re-pushed, then
+named in the error; one that missed a push tags its tokens with its real version, or is caught up first)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from scalerl_jax.models import tiny
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator
-from scalerl_jax.rollout.sglang_wire import generate_payload
+from scalerl_jax.rollout.remote import RemoteGenerator
+from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, WeightVersionMismatch
+from scalerl_jax.rollout.sglang_wire import BadResponse, generate_payload, parse_sample
 from tests.test_server import free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
+from tests.test_sglang_api_fields import ReleaseProxy
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
 
@@ -22,24 +27,33 @@ from tests.test_server import free_port, kill, reply_json, save_random_checkpoin
 def _fake_output(body: dict, j: int, version: str = "default", mangle: str | None = None) -> dict:
     """What real SGLang returns for one sample: output = prompt reversed (so outputs identify prompts).
     ``mangle``: "no_logprobs" drops output_token_logprobs; "prefix_output_ids" puts prompt tokens in front of
-    output_ids, as SGLang 0.5.3 does."""
+    output_ids, as SGLang 0.5.3 does; "null_logprob" sends null as the second token's log-prob; "short_logprobs"
+    leaves the last token out of output_token_logprobs."""
     ids = list(reversed(body["input_ids"]))[: body["sampling_params"].get("max_new_tokens", 16)]
     meta = {"id": f"x{j}", "finish_reason": {"type": "length", "length": len(ids)}, "prompt_tokens": len(ids),
             "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version}
     if body.get("return_logprob") and mangle != "no_logprobs":
         meta["output_token_logprobs"] = [[-0.5 - k, t, None] for k, t in enumerate(ids)]
+        if mangle == "null_logprob":
+            meta["output_token_logprobs"][1][0] = None
+        elif mangle == "short_logprobs":
+            meta["output_token_logprobs"].pop()
     out_ids = body["input_ids"][-2:] + ids if mangle == "prefix_output_ids" else ids
     return {"text": "", "output_ids": out_ids, "meta_info": meta}
 
 
 class FakeSGLang:
     """``fail_first``: that many /generate calls answer 503; ``drop_all``: close the connection without an answer
-    (a server dying mid-request); ``status``: a fixed error status for every call."""
+    (a server dying mid-request); ``status``: a fixed error status for every call. Control routes as SGLang 0.5.3
+    has them: ``/pause_generation``, ``/update_weights_from_disk`` (it sets ``version``, except for the first
+    ``stuck_updates`` calls, which answer success and change nothing), ``/continue_generation``, and
+    ``/get_model_info`` / ``/get_weight_version`` reporting ``version``; every control call is in ``control``."""
 
     def __init__(self, fail_first: int = 0, drop_all: bool = False, status: int | None = None, version="default",
-                 mangle: str | None = None):
+                 mangle: str | None = None, stuck_updates: int = 0):
         self.fail_first, self.drop_all, self.status, self.version = fail_first, drop_all, status, version
-        self.mangle = mangle
+        self.mangle, self.stuck_updates = mangle, stuck_updates
+        self.control: list[tuple[str, dict]] = []
         self.calls: list[dict] = []
         self.times: list[float] = []
         self.lock = threading.Lock()
@@ -49,8 +63,15 @@ class FakeSGLang:
             def log_message(self, *a):
                 pass
 
+            def do_GET(self):
+                if self.path in ("/get_model_info", "/get_weight_version"):
+                    return self._send(200, {"weight_version": fake.version})
+                self._send(404, {"detail": "Not Found"})
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/generate":
+                    return self._control(body)
                 with fake.lock:
                     fake.calls.append(body)
                     fake.times.append(time.monotonic())
@@ -64,6 +85,18 @@ class FakeSGLang:
                 n = body["sampling_params"].get("n", 1)
                 outs = [_fake_output(body, j, fake.version, fake.mangle) for j in range(n)]
                 self._send(200, outs[0] if n == 1 else outs)
+
+            def _control(self, body):
+                with fake.lock:
+                    fake.control.append((self.path, body))
+                    if self.path == "/update_weights_from_disk":
+                        if fake.stuck_updates > 0:
+                            fake.stuck_updates -= 1
+                        else:
+                            fake.version = body["weight_version"]
+                if self.path in ("/pause_generation", "/update_weights_from_disk", "/continue_generation"):
+                    return self._send(200, {"success": True, "message": "ok"})
+                self._send(404, {"detail": "Not Found"})
 
             def _send(self, code, obj):
                 reply_json(self, code, obj)
@@ -172,6 +205,44 @@ def test_malformed_and_mismatched_responses_are_retried(fakes):
         assert comps.token_ids == [4 + i, 3 + i, 2 + i]
     assert len(bad.calls) >= 1 and stats["retries"] == len(bad.calls)
     assert stats["output_ids_mismatches"] == len(good.calls) == 4
+
+
+@pytest.mark.parametrize("mangle, needle", [
+    ("null_logprob", "meta_info.output_token_logprobs[1][0] (the log-prob of output token 1) is null"),
+    ("short_logprobs", "meta_info.output_token_logprobs has 2 entries for 3 output tokens"),
+])
+def test_missing_logprob_is_a_bad_response_retried_then_an_error(fakes, mangle, needle):
+    """A null log-prob, or fewer log-probs than output tokens, is never read as 0 (p = 1): the attempt fails and is
+    retried on another server; a server that always answers so gives an error naming the field and the position."""
+    bad, good = fakes(mangle=mangle), fakes()
+    with SGLangGenerator([bad.url, good.url], max_retries=3, backoff_s=0.01, timeout_s=10, concurrency=1) as gen:
+        results = gen.generate(_reqs(4, max_new=3))
+        stats = gen.stats_snapshot()
+    for i, (comps,) in enumerate(results):  # the fake's log-probs: -0.5 - position
+        assert comps.token_ids == [4 + i, 3 + i, 2 + i] and comps.logprobs == [-0.5, -1.5, -2.5]
+    assert len(bad.calls) >= 1 and stats["retries"] == len(bad.calls) and len(good.calls) == 4
+    only_bad = fakes(mangle=mangle)
+    with SGLangGenerator(only_bad.url, max_retries=2, backoff_s=0.01, timeout_s=10) as gen, \
+            pytest.raises(GenerationError, match="after 3 attempts") as err:
+        gen.generate(_reqs(1, max_new=3))
+    assert needle in str(err.value) and only_bad.url in str(err.value) and len(only_bad.calls) == 3
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ([None, 5, None], "output_token_logprobs[2][0] (the log-prob of output token 2) is null"),
+    ([float("nan"), 5, None], "output_token_logprobs[2][0] (the log-prob of output token 2) is nan"),
+    ([float("-inf"), 5, None], "output_token_logprobs[2][0] (the log-prob of output token 2) is -inf"),
+    ([-0.1, None, None], "output_token_logprobs[2][1] (the id of output token 2) is null"),
+    ([-0.1], "output_token_logprobs[2] is not [logprob, token_id, text]"),
+])
+def test_parse_sample_names_the_bad_logprob_entry(entry, needle):
+    o = {"meta_info": {"output_token_logprobs": [[-0.2, 3, None], [-0.3, 4, "x"], entry], "completion_tokens": 3}}
+    with pytest.raises(BadResponse) as err:
+        parse_sample(o, 0)
+    assert needle in str(err.value)
+    o["meta_info"]["output_token_logprobs"][2] = [-0.4, 5, None]
+    s = parse_sample(o, 0)
+    assert s.token_ids == [3, 4, 5] and s.logprobs == [-0.2, -0.3, -0.4]
 
 
 def test_dropped_length_control_falls_back_to_client_interruption(fakes):
@@ -377,3 +448,135 @@ def test_payloads_validate_against_sglang_dataclasses():
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
         PauseGenerationReqInput(**pause)
+
+
+# ---- weight pushes: confirmed worker by worker; tokens tagged with the version their worker holds ----------------
+# (after the tests above: a push here changes the real server's weights)
+
+
+def _routes(fake) -> list[str]:
+    return [path for path, _ in fake.control]
+
+
+def test_a_push_that_does_not_take_is_pushed_again_and_confirmed(fakes):
+    once = fakes(stuck_updates=1)  # the first update answers success but the worker still serves "default"
+    ok = fakes()
+    with SGLangGenerator([once.url, ok.url], timeout_s=10, version=0) as gen:
+        gen.update_weights("/ckpt/v5", 5)
+        assert gen.weight_version == 5 and gen.worker_versions() == {once.url: 5, ok.url: 5}
+    push = ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    assert _routes(once) == push * 2 and _routes(ok) == push
+    assert once.version == ok.version == "5"
+
+
+def test_a_worker_stuck_on_another_version_is_named_in_the_error(fakes, tmp_path):
+    stuck = fakes(stuck_updates=100, version="3")
+    ok = fakes(version="3")
+    with SGLangGenerator([stuck.url, ok.url], timeout_s=10, version=3) as gen:
+        with pytest.raises(GenerationError) as err:
+            gen.update_weights("/ckpt/v5", 5)
+        msg = str(err.value)
+        assert stuck.url in msg and "weight_version '5'" in msg and "reports weight_version '3'" in msg, msg
+        assert ok.url not in msg
+        # the push is not counted as done; each worker holds what it confirmed
+        assert gen.weight_version == 3 and gen.worker_versions() == {stuck.url: 3, ok.url: 5}
+    # pushed twice, and generation resumed after each
+    assert _routes(stuck).count("/update_weights_from_disk") == 2 and _routes(stuck)[-1] == "/continue_generation"
+    assert _routes(stuck).count("/pause_generation") == _routes(stuck).count("/continue_generation") == 2
+
+    # through RemoteGenerator (what the trainer calls): one more try of the whole push, then the same error
+    ckpt = tmp_path / "v6"
+    ckpt.mkdir()
+    with SGLangGenerator([stuck.url, ok.url], timeout_s=10, version=3) as gen:
+        remote = RemoteGenerator(gen, tiny(), export_dir=tmp_path / "exports", tokenizer_dir=tmp_path,
+                                 log=lambda s: None)
+        with pytest.raises(GenerationError, match="weight_version '6'") as err2:
+            remote.update_weights(str(ckpt), 6)
+    e = err2.value.__cause__
+    assert isinstance(e, WeightVersionMismatch) and (e.url, e.expected, e.found) == (stuck.url, "6", "3")
+    assert _routes(stuck).count("/update_weights_from_disk") == 2 + 4
+
+
+def test_a_release_without_versions_is_taken_at_its_word(fakes):
+    """SGLang 0.4.10 reports no weight_version anywhere: the update response's success is all there is."""
+    silent = fakes(version=None)
+    with SGLangGenerator(silent.url, timeout_s=10) as gen:
+        gen.update_weights("/ckpt/v2", 2)
+        assert gen.worker_versions() == {silent.url: 2}
+    assert _routes(silent).count("/update_weights_from_disk") == 1
+
+
+# ---- a push that misses a worker (our real server, answering like SGLang 0.4.10: no versions) ---------------------
+
+
+class CuttableProxy(ReleaseProxy):
+    """A :class:`ReleaseProxy` (our real server showing itself as an SGLang release) that can stop listening
+    (connections refused, as from a worker that is down) and listen again on the same port."""
+
+    def down(self) -> None:
+        self._handler = self.httpd.RequestHandlerClass
+        self._port = self.httpd.server_address[1]
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def up(self) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self._port), self._handler)
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+
+def _served_by(prompts: list[list[int]], fake, proxy) -> list[str]:
+    """Which of the two served each prompt ("fake" / "real"), from what each recorded."""
+    at_fake = {tuple(b["input_ids"]) for b in fake.calls}
+    at_real = {tuple(b["input_ids"]) for b in proxy.bodies.get("/generate", [])}
+    out = []
+    for p in prompts:
+        assert (tuple(p) in at_fake) != (tuple(p) in at_real), p  # served once, by one of them
+        out.append("fake" if tuple(p) in at_fake else "real")
+    return out
+
+
+def test_a_worker_that_missed_a_push_tags_its_old_version_or_is_caught_up(real, fakes):
+    url, ckpt = real
+    v0 = int(httpx.get(url + "/get_weight_version").json()["weight_version"])
+    fake = fakes(version=str(v0))
+    px = CuttableProxy(url, "0.4.10.post2")  # no weight_version, no spans, no output_token_versions
+    try:
+        with SGLangGenerator([fake.url, px.url], timeout_s=60, max_retries=0, concurrency=1, version=v0,
+                             dead_cooldown_s=0.0, catch_up=False) as gen:
+            px.down()
+            gen.update_weights(str(ckpt), v0 + 3)  # reaches the fake only
+            px.up()
+            assert gen.weight_version == v0 + 3 and gen.worker_versions() == {fake.url: v0 + 3, px.url: v0}
+            assert int(httpx.get(url + "/get_weight_version").json()["weight_version"]) == v0
+            with gen._lock:  # a URL that is not a known worker (a router): the oldest version any worker holds
+                assert gen.held_version("http://127.0.0.1:9") == v0
+
+            prompts = [[3 + i, 12, 4 + i, 14] for i in range(4)]
+            reqs = [GenerationRequest(p, SamplingParams(max_new_tokens=6), request_id=f"m{i}")
+                    for i, p in enumerate(prompts)]
+            results = gen.generate(reqs)
+            who = _served_by(prompts, fake, px)
+            assert sorted(who) == ["fake", "fake", "real", "real"]  # round-robin over both
+            truth = iter(o["meta_info"]["output_token_versions"] for o in px.raw)  # what the server really used
+            for w, (c,) in zip(who, results):
+                if w == "real":
+                    assert c.versions == next(truth) == [v0] * 6  # its old version, not the newest pushed
+                else:  # the fake answers the prompt reversed, as SGLang 0.5.3 (weight_version: the pushed one)
+                    assert c.token_ids == list(reversed(c.prompt_ids)) and c.versions == [v0 + 3] * 4
+
+            # catching up: the worker gets the newest weights before it generates again
+            gen.catch_up_workers = True
+            fake.calls.clear()
+            px.bodies.clear()
+            px.raw.clear()
+            results = gen.generate(reqs)
+            assert gen.worker_versions() == {fake.url: v0 + 3, px.url: v0 + 3}
+            assert [b["weight_version"] for b in px.bodies["/update_weights_from_disk"]] == [str(v0 + 3)]
+            who = _served_by(prompts, fake, px)
+            assert "real" in who
+            truth = iter(o["meta_info"]["output_token_versions"] for o in px.raw)
+            for w, (c,) in zip(who, results):
+                if w == "real":
+                    assert c.versions == next(truth) == [v0 + 3] * 6
+    finally:
+        px.close()

@@ -9,8 +9,10 @@ client push it to every server in flight (``pause_generation(in_place)`` -> ``up
 a local fleet (:class:`~scalerl_jax.rollout.fleet.LocalFleet`) is told the newest one before the push, so that a
 server it restarts meanwhile comes back with current weights, and its worker list is where control calls go (so a
 push does not depend on its router being up). Pushing the version this object pushed last is a no-op, so the train
-and eval sides can share one fleet. A failed push is retried once; the first push of a run (also after
-``--resume``) is confirmed by asking every worker for its version.
+and eval sides can share one fleet. A failed push is retried once. The client confirms every push worker by
+worker (the version each reports must be the one pushed, see :mod:`scalerl_jax.rollout.sglang_weights`); a
+worker it could not reach keeps its older version, which its tokens then carry, and is logged here. The first
+push of a run (also after ``--resume``) logs the version every worker reports.
 
 ``metrics()`` reports what the trainer logs per step: the last push's seconds and bytes, pushes so far, and the
 client's request counters (attempts, retries, failovers, re-sent requests, tokens per server).
@@ -104,6 +106,11 @@ class RemoteGenerator:
             if first and hasattr(self.client, "server_weight_versions"):
                 held = self.client.server_weight_versions()
                 self.log(f"[fleet] workers hold v{version}: " + ", ".join(f"{u} -> {v}" for u, v in held.items()))
+            behind = {u: v for u, v in getattr(self.client, "worker_versions", dict)().items() if v != version}
+            if behind:
+                self.log(f"[fleet] v{version} did not reach " + ", ".join(f"{u} (holds v{v})" for u, v in
+                                                                          behind.items())
+                         + ": their tokens carry that version until they are caught up")
             self.sync.update(weight_sync_seconds=t2 - t0, weight_sync_export_seconds=t1 - t0,
                              weight_sync_bytes=sum(f.stat().st_size for f in path.glob("*.safetensors")))
             self.sync["weight_pushes"] += 1

@@ -18,7 +18,9 @@ Weight updates (PipelineRL's in-flight update): :meth:`SGLangGenerator.update_we
 ``/continue_generation``, in the bodies the server's release takes (:meth:`.ServerCaps.update_bodies`: 0.5.6+
 and ours pause in ``pause_mode``, ``in_place`` by default; older releases abort what is in flight). A router
 URL is expanded into its workers first (``GET /workers``, or older routers' ``GET /list_workers``):
-``sglang-router`` does not forward these control routes.
+``sglang-router`` does not forward these control routes. Each worker's version is then confirmed (re-pushed once,
+else :class:`WeightVersionMismatch`); the client tags tokens with the version their worker really holds, and brings
+a worker that missed a push up to date before the next ``generate`` (:mod:`scalerl_jax.rollout.sglang_weights`).
 
 Interruption length control: our server does it in the engine (request field ``length_control``). Real SGLang does
 not know that field and ``sglang-router`` drops every field it does not know, so the client does it itself there, in
@@ -48,6 +50,7 @@ from typing import Any, Self
 import httpx
 
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
+from scalerl_jax.rollout.sglang_weights import GenerationError, WeightUpdates, WeightVersionMismatch
 from scalerl_jax.rollout.sglang_wire import (
     PAUSE_MODES,
     BadResponse,
@@ -58,11 +61,9 @@ from scalerl_jax.rollout.sglang_wire import (
     response_outputs,
 )
 
+__all__ = ["GenerationError", "SGLangGenerator", "WeightVersionMismatch"]
+
 log = logging.getLogger(__name__)
-
-
-class GenerationError(RuntimeError):
-    """A request that could not be completed (bad request, or every retry failed)."""
 
 
 class _Retryable(Exception):
@@ -95,7 +96,7 @@ class _ServerStats:
     busy_since: float = 0.0
 
 
-class SGLangGenerator:
+class SGLangGenerator(WeightUpdates):
     """Generator protocol over SGLang-API servers (see the module docstring).
 
     Args:
@@ -116,13 +117,15 @@ class SGLangGenerator:
         pause_mode: ``/pause_generation`` mode of an update on servers that take one: ``in_place`` (keep KV
             caches, ``flush_cache: false``), ``retract`` (recompute them, flush) or ``abort``.
         max_abort_resends: most re-sends of one request aborted by weight updates.
+        catch_up: before each :meth:`generate`, push the newest weights to workers that missed them
+            (:meth:`catch_up`); False leaves them behind (their tokens keep the version they hold).
     """
 
     def __init__(
         self, urls: str | Sequence[str], *, timeout_s: float = 600.0, max_retries: int = 5, backoff_s: float = 0.5,
         concurrency: int = 64, length: LengthControl | None = None, server_length_control: bool | None = None,
         retry_aborted: bool = True, dead_cooldown_s: float = 5.0, max_backoff_s: float = 30.0, version: int = 0,
-        seed: int = 0, pause_mode: str = "in_place", max_abort_resends: int = 100,
+        seed: int = 0, pause_mode: str = "in_place", max_abort_resends: int = 100, catch_up: bool = True,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -166,6 +169,7 @@ class SGLangGenerator:
             "client_interruptions": 0, "length_fallbacks": 0, "output_ids_mismatches": 0, "tokens": 0,
         }
         self._server_stats: dict[str, _ServerStats] = {}
+        self._init_weights(catch_up)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -185,7 +189,7 @@ class SGLangGenerator:
 
     @property
     def weight_version(self) -> int:
-        """The version of the weights the servers hold (the last :meth:`update_weights`)."""
+        """The newest version pushed (the last :meth:`update_weights`); per worker: :meth:`worker_versions`."""
         return self._version
 
     def reseed(self, seed: int) -> None:
@@ -330,7 +334,7 @@ class SGLangGenerator:
         self._count("attempts")
         with self._lock:
             epoch, updating = self._update_epoch, self._updating
-            v_submit = self._version
+            v_submit = self.held_version(url)
         self._begin(url)
         tokens, failed = 0, True
         try:
@@ -406,7 +410,9 @@ class SGLangGenerator:
     # ---- Generator protocol --------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
-        """Blocking: ``n`` completions per request, in request order (each request completes exactly once)."""
+        """Blocking: ``n`` completions per request, in request order (each request completes exactly once).
+        Workers that missed a weight push are brought up to date first (:meth:`catch_up`)."""
+        self.catch_up()
         futures = [self._pool.submit(self._run_request, req, i) for i, req in enumerate(requests)]
         return [f.result() for f in futures]
 
@@ -491,109 +497,3 @@ class SGLangGenerator:
             for f in [self._pool2.submit(finish, t) for t in todo]:
                 f.result()
         return comps
-
-    # ---- weights and fleet ------------------------------------------------------------------------------
-
-    def _control_targets(self) -> list[str]:
-        """Server URLs to send control calls to: ``control_urls`` when set (a fleet that knows its workers), else
-        every URL with a router URL expanded into its workers."""
-        if self.control_urls is not None:
-            return list(self.control_urls())
-        targets: list[str] = []
-        for url in self.urls:
-            try:
-                workers = self.router_workers(url)
-            except httpx.HTTPError:
-                workers = None
-            if workers is not None:
-                self._routers[url] = True
-            targets.extend(workers if workers is not None else [url])
-        return list(dict.fromkeys(targets))
-
-    def _control(self, url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self._http.post(f"{url}{route}", json=body, timeout=self.timeout_s)
-        try:
-            out = r.json()
-        except ValueError:
-            out = {"message": r.text}
-        if r.status_code != 200 or (isinstance(out, dict) and out.get("success") is False):
-            raise GenerationError(f"{url}{route}: HTTP {r.status_code}: {str(out)[:500]}")
-        return out if isinstance(out, dict) else {"result": out}
-
-    def _update_one(self, url: str, path: str, version: int) -> None:
-        pause, update = self.server_caps(url).update_bodies(path, version, self.pause_mode)
-        self._control(url, "/pause_generation", pause)
-        try:
-            self._control(url, "/update_weights_from_disk", update)
-        finally:
-            self._control(url, "/continue_generation", {})
-
-    def update_weights(self, weights: Any, version: int) -> None:
-        """Load the HF checkpoint directory ``weights`` on every server, in flight, tagged ``version``.
-
-        Servers that cannot be reached are skipped (and marked dead); any other failure raises after
-        generation has been resumed on that server. Raises when no server took the update.
-        """
-        if not isinstance(weights, (str, bytes)) and not hasattr(weights, "__fspath__"):
-            raise TypeError("SGLangGenerator.update_weights takes an HF checkpoint directory path, "
-                            f"got {type(weights).__name__}")
-        with self._lock:
-            self._updating += 1
-        try:
-            targets = self._control_targets()
-            results: dict[str, BaseException | None] = {}
-
-            def run(url: str) -> None:
-                try:
-                    self._update_one(url, str(weights), int(version))
-                    results[url] = None
-                except BaseException as e:  # noqa: BLE001 - reported below
-                    results[url] = e
-
-            threads = [threading.Thread(target=run, args=(u,)) for u in targets]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            unreachable = [u for u, e in results.items() if isinstance(e, httpx.TransportError)]
-            for u in unreachable:
-                log.warning("update_weights: %s unreachable, skipped", u)
-                self._mark_dead(u)
-            failed = {u: e for u, e in results.items() if e is not None and u not in unreachable}
-            if failed:
-                raise GenerationError(f"update_weights to version {version} failed on {len(failed)} server(s): "
-                                      + "; ".join(f"{u}: {e}" for u, e in failed.items()))
-            if len(unreachable) == len(targets):
-                raise GenerationError(f"update_weights: no server reachable among {targets}")
-            with self._lock:
-                self._version = int(version)
-        finally:
-            with self._lock:
-                self._updating -= 1
-                self._update_epoch += 1
-
-    def server_weight_versions(self) -> dict[str, str | None]:
-        """Every control target's weight version (``/get_weight_version``, gone in 0.5.23: then
-        ``/get_model_info``); None where unreachable."""
-        out: dict[str, str | None] = {}
-        for url in self._control_targets():
-            v = None
-            try:
-                for route in ("/get_weight_version", "/get_model_info"):
-                    info = self._get_json(url + route)
-                    if isinstance(info, dict) and "weight_version" in info:
-                        v = info["weight_version"]
-                        break
-            except httpx.HTTPError:
-                v = None
-            out[url] = v
-        return out
-
-    def device_count(self) -> int:
-        """Accelerator devices the fleet generates on: the sum over servers (routers expanded into their workers)
-        of what each reports in ``/get_server_info`` (see :func:`.sglang_wire.devices_from_server_info`); a server
-        that cannot be asked, or reports nothing usable, counts as 1."""
-        total = 0
-        for url in self._control_targets():
-            total += self.server_caps(url, refresh=True).devices or 1
-        return total

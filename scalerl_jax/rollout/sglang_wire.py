@@ -16,10 +16,12 @@ Responses, read the same way from every release (:func:`parse_sample`):
 - tokens and log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples):
   ``output_ids`` is absent in 0.4.x and holds a few prompt tokens too in 0.5.3, so it is only cross-checked;
 - per-token versions: our extension ``output_token_versions`` when present; else SGLang 0.5.19+'s
-  ``meta_info.weight_versions`` spans; else every token gets the client's weight version when the attempt was
-  submitted (or the server's ``weight_version`` if that is older): never a newer one, so staleness is never
-  under-counted;
-- a response that does not parse (no log-probs, wrong count of samples) is a failed attempt and is retried.
+  ``meta_info.weight_versions`` spans; else every token gets the version the client knew the serving worker to
+  hold when the attempt was submitted (behind a router: the oldest any worker holds), or the server's
+  ``weight_version`` if that is older: never a newer one, so staleness is never under-counted;
+- a response that does not parse (no log-probs, a null or non-finite log-prob, fewer log-probs than
+  ``meta_info.completion_tokens``, wrong count of samples) is a failed attempt (:class:`BadResponse`, naming
+  the field and the position) and is retried: a missing log-prob is never read as 0.
 
 Servers (:class:`ServerCaps`, from ``/get_server_info``): ours lists ``scalerl_extensions`` (or reports version
 ``scalerl_jax``); a real SGLang's ``version`` is parsed into a release (:func:`parse_release`), which decides the
@@ -31,6 +33,8 @@ reports ``device_count``, real SGLang ``tp_size * pp_size * dp_size`` (:func:`de
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -191,17 +195,10 @@ def response_outputs(out: Any, n: int) -> list[dict[str, Any]]:
 
 
 def parse_sample(o: dict[str, Any], v_submit: int) -> Sample:
-    """One response object -> :class:`Sample`; ``v_submit`` is the client's weight version when the attempt was
-    submitted (raises :class:`BadResponse` when it does not have what we need)."""
+    """One response object -> :class:`Sample`; ``v_submit`` is the version the client knew the serving worker to
+    hold when the attempt was submitted (raises :class:`BadResponse` when it does not have what we need)."""
     meta = o["meta_info"]
-    lps = meta.get("output_token_logprobs")
-    if not isinstance(lps, list) or not all(isinstance(t, (list, tuple)) and len(t) >= 2 for t in lps):
-        raise BadResponse(f"meta_info.output_token_logprobs missing or malformed: {str(lps)[:200]}")
-    try:
-        ids = [int(t[1]) for t in lps]
-        logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in lps]
-    except (TypeError, ValueError) as e:
-        raise BadResponse(f"bad output_token_logprobs entry ({e})") from e
+    ids, logprobs = _tokens_and_logprobs(meta)
     oi = o.get("output_ids")
     # 0.5.3 puts a few prompt tokens in front (the detokenizer's decode_ids): the log-prob ids are right
     mismatch = isinstance(oi, list) and oi != ids
@@ -226,6 +223,35 @@ def parse_sample(o: dict[str, Any], v_submit: int) -> Sample:
     finish = meta.get("scalerl_finish_reason") or _SGLANG_FINISH.get(ftype or "", "stop")
     return Sample(ids, logprobs, versions, injected, finish, bool(meta.get("truncated", finish == "length")),
                   meta.get("think_budget"), "think_budget" in meta, mismatch)
+
+
+def _tokens_and_logprobs(meta: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """Token ids and log-probs from ``meta_info.output_token_logprobs``; raises :class:`BadResponse`, naming the
+    field and the position, for an entry without a finite log-prob or an integer id, and for a list shorter than
+    the output (``meta_info.completion_tokens``). A missing log-prob is never read as 0 (p = 1): that would bias
+    the importance ratio of every trained token."""
+    lps = meta.get("output_token_logprobs")
+    if not isinstance(lps, list):
+        raise BadResponse(f"meta_info.output_token_logprobs missing or not a list: {str(lps)[:200]}")
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for i, t in enumerate(lps):
+        if not isinstance(t, (list, tuple)) or len(t) < 2:
+            raise BadResponse(f"meta_info.output_token_logprobs[{i}] is not [logprob, token_id, text]: {str(t)[:100]}")
+        lp, tok = t[0], t[1]
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
+            raise BadResponse(f"meta_info.output_token_logprobs[{i}][0] (the log-prob of output token {i}) is "
+                              f"{json.dumps(lp) if lp is None else repr(lp)}, not a finite number")
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise BadResponse(f"meta_info.output_token_logprobs[{i}][1] (the id of output token {i}) is "
+                              f"{json.dumps(tok) if tok is None else repr(tok)}, not a token id")
+        logprobs.append(float(lp))
+        ids.append(tok)
+    n_out = meta.get("completion_tokens")
+    if isinstance(n_out, int) and not isinstance(n_out, bool) and n_out > len(ids):
+        raise BadResponse(f"meta_info.output_token_logprobs has {len(ids)} entries for {n_out} output tokens "
+                          f"(meta_info.completion_tokens): no log-prob from position {len(ids)} on")
+    return ids, logprobs
 
 
 def _versions_from_spans(spans: Any, n: int, default: int) -> list[int] | None:

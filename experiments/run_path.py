@@ -117,6 +117,41 @@ def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
                               f"answer_budget {lc.answer_budget} = {need}")
 
 
+def checkpoint_steps_on_disk(run_dir: Path) -> list[int]:
+    """The step directories under ``run_dir/checkpoints`` (read from the file system; nothing is restored)."""
+    ck = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in ck.iterdir() if p.is_dir() and p.name.isdigit()) if ck.is_dir() else []
+
+
+RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "summary.json", "report.md", "fit", "weights")
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, log=print) -> None:
+    """An earlier run's outputs are never lost by accident: a fresh start in a directory that holds metrics or
+    checkpoints is refused (``--resume`` continues it, ``--overwrite`` deletes them first, naming what it deletes);
+    ``--resume`` with metrics but no checkpoint to continue from is refused the same way."""
+    metrics = run_dir / "metrics.jsonl"
+    rows = sum(1 for line in open(metrics) if line.strip()) if metrics.is_file() else 0
+    steps = checkpoint_steps_on_disk(run_dir)
+    if (resume and steps) or (not rows and not steps):
+        return
+    present = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    what = ", ".join(str(p) for p in present)
+    if overwrite:
+        import shutil
+
+        log(f"[run] --overwrite: deleting the earlier run's {what}")
+        for p in present:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return
+    held = f"metrics.jsonl with {rows} rows" + (f" and checkpoints of steps {steps}" if steps else "")
+    if resume:
+        raise ConfigError(f"--resume: {run_dir} has no checkpoint to continue from, but holds {held} of an earlier "
+                          f"run; pass --overwrite to start over (deletes {what}) or --out NEW_DIR")
+    raise ConfigError(f"{run_dir} already holds an earlier run ({held}); pass --resume to continue it, --overwrite "
+                      f"to start over (deletes {what}), or --out NEW_DIR")
+
+
 # ---- prompts -----------------------------------------------------------------------------------------------
 
 
@@ -240,7 +275,8 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 
         from scalerl_jax.rollout.engine import JaxEngine
 
-        host = jax.tree.map(np.asarray, params)
+        # params None: the engines get their first weights from the trainer's push (RLTrainer pushes at start)
+        host = None if params is None else jax.tree.map(np.asarray, params)
         n_rows = ro.prompts_per_batch * ro.group_size
         gen_cfg = generator_model(exp)
         train = JaxEngine(gen_cfg, host, max_batch=n_rows, max_len=plan.seq_len, decode_chunk=ro.decode_chunk,
@@ -292,15 +328,17 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Generators | None = None,
                   base_dir: Path | None = None, resume: bool = False, score=None, log=print, channel=None):
     """An RLTrainer for ``plan`` over ``data``, tokenised by ``tok``, generating with ``generators`` (built here
-    from ``plan.exp.rollout`` when None)."""
+    from ``plan.exp.rollout`` when None). ``params``: the base weights, an HF checkpoint directory (the trainer
+    reads each process's shards from it) or a pytree of arrays."""
     from scalerl_jax.rewards import score as default_score
     from scalerl_jax.train.trainer import RLTrainer
 
     exp = plan.exp
     run_dir = Path(exp.out_dir)
     length = length_control(exp, tok.encode)
-    gens = generators or build_generators(plan, params, base_dir=base_dir, run_dir=run_dir, n_val=len(data.val),
-                                          length=length, log=log)
+    on_disk = isinstance(params, (str, Path))
+    gens = generators or build_generators(plan, None if on_disk else params, base_dir=base_dir, run_dir=run_dir,
+                                          n_val=len(data.val), length=length, log=log)
     return RLTrainer(exp, params, data=data, encode=tok.encode, decode=tok.decode, score=score or default_score,
                      pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=gens.train, eval_generator=gens.eval,
                      length=length, seq_len=plan.seq_len, run_dir=run_dir, resume=resume,
@@ -312,9 +350,10 @@ def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Genera
 
 
 def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = True, log=print,
-                   warm_dir: Path | None = None) -> dict[str, Any]:
+                   warm_dir: Path | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Base model -> RL -> scaling fit -> report.md, in ``plan.exp.out_dir`` (see the module docstring).
 
+    ``overwrite``: start over in a directory that holds an earlier run's outputs (:func:`check_run_dir`).
     ``warm_dir``: a warm start shared between runs (the leave-one-out variants of one seed). It is trained and
     saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
     """
@@ -329,23 +368,26 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
         return {"ok": True, "follower": True, "process": jax.process_index()}
     channel = dist.Channel() if dist.process_count() > 1 else None
     try:
-        return _lead(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel)
+        return _lead(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel, overwrite=overwrite)
     except BaseException as e:
         if channel is not None and not channel.closed:  # followers still waiting: release them with the reason
             channel.send("stop", {"error": f"{type(e).__name__}: {e}"})
         raise
 
 
-def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel) -> dict[str, Any]:
+def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,
+          overwrite: bool = False) -> dict[str, Any]:
     from scalerl_jax.data.tokenizer import HFTokenizer
-    from scalerl_jax.models.hf_io import load_hf_checkpoint
+    from scalerl_jax.models.hf_io import read_hf_config
 
     t_start = time.time()
     run_dir = Path(plan.exp.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir, resume=resume, overwrite=overwrite, log=log)
     check_inputs(plan)
     base: BaseModel = prepare_base(plan, run_dir, warm_dir=warm_dir, resume=resume, log=log)
-    params, ckpt_cfg = load_hf_checkpoint(base.dir, param_dtype=plan.exp.model.param_dtype)
+    # the architecture only: the trainer reads the weights itself, each process only its devices' blocks
+    _, ckpt_cfg = read_hf_config(base.dir, param_dtype=plan.exp.model.param_dtype)
     exp = plan.exp
     data_cfg = exp.data
     if base.data_path is not None and not exp.data.path:
@@ -375,7 +417,7 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
     with ExitStack() as stack:
         if pool is not None:
             stack.callback(pool.close)  # last out: after the trainer and the generators
-        gens = build_generators(plan, params, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
+        gens = build_generators(plan, None, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
                                 length=length_control(exp, tok.encode), log=log)
         stack.callback(gens.close)
         score = None
@@ -383,7 +425,7 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
             from scalerl_jax.rewards import score as default_score
 
             score = functools.partial(default_score, code_pool=pool)
-        trainer = build_trainer(plan, params, data, tok=tok, generators=gens, resume=resume, log=log,
+        trainer = build_trainer(plan, base.dir, data, tok=tok, generators=gens, resume=resume, log=log,
                                 channel=channel, score=score)
         failure: list[str] = []
         stack.callback(lambda: trainer.close(failure[0] if failure else None))

@@ -1,13 +1,20 @@
 """One run over many processes: ``jax.distributed`` start-up and the leader -> followers command channel.
 
-Start-up (:func:`initialize`), first source that applies:
+Start-up (:func:`resolve`, :func:`initialize`), first source that applies:
 
 1. ``--coordinator HOST:PORT --num-processes P --process-id I`` on the command line;
 2. the environment: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (what
    ``python -m scalerl_jax.launch`` sets);
-3. SLURM: inside an ``srun`` step with more than one task (``SLURM_NTASKS`` > 1), JAX's own cluster detection
-   reads the coordinator, process count and rank from SLURM's variables;
+3. SLURM: inside an ``srun`` step with more than one task (``SLURM_NTASKS`` > 1): the process count and rank
+   from ``SLURM_NTASKS`` / ``SLURM_PROCID``, the coordinator on the step's first node (:func:`slurm_first_host`)
+   at ``JAX_COORDINATOR_PORT`` or, as JAX picks it, ``61440 + SLURM_JOB_ID % 4096``;
 4. none of them: a single process, nothing is initialised.
+
+Devices: ``SCALERL_LOCAL_DEVICE_IDS`` (comma-separated ordinals among the GPUs this process sees; the launcher's
+``--gpus-per-process`` sets it) restricts a process to those GPUs. Without it a process uses every GPU it sees,
+except SLURM ranks that share a node's GPUs: :func:`slurm_local_devices` gives rank ``SLURM_LOCALID`` its own
+slice. JAX's own SLURM detection is not used: it would give each rank GPU ``SLURM_LOCALID`` only, i.e. one GPU
+per rank even for one rank per node.
 
 On CPU the cross-process collectives use gloo (``jax_cpu_collectives_implementation``), so several processes on
 one machine form one real multi-host mesh. Initialisation waits at most ``init_timeout_s`` for every process;
@@ -17,8 +24,10 @@ them dies, instead of leaving the others in a collective forever.
 Roles. Process 0 is the leader: it reads data, talks to the generators, scores, writes metrics, reports and the
 fit. Every process holds its shards of the train state and runs the same jitted train step on one global mesh.
 The leader drives the followers through a :class:`Channel`: a JSON header per command over the coordination
-service's key-value store (a follower may wait there for minutes while the leader generates), then the command's
-arrays by ``broadcast_one_to_all`` (a collective, so large batches do not go through the coordinator).
+service's key-value store, then the command's arrays by ``broadcast_one_to_all`` (a collective, so large
+batches do not go through the coordinator). A follower waits for the next command without a time limit (the
+leader may generate or warm-start for hours): the coordination service, which runs inside process 0, is what
+tells it the leader is gone (:meth:`Channel.recv`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import sys
 import time
 from typing import Any
 
@@ -36,19 +47,21 @@ from scalerl_jax.config import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class DistConfig:
-    coordinator: str | None  # HOST:PORT of process 0's coordination service; None: SLURM auto-detection
-    num_processes: int | None
-    process_id: int | None
+    coordinator: str  # HOST:PORT of process 0's coordination service
+    num_processes: int
+    process_id: int
     source: str  # "flags", "env" or "slurm"
     init_timeout_s: int = 300
     heartbeat_timeout_s: int = 60
+    local_device_ids: tuple[int, ...] | None = None  # GPU ordinals this process uses; None: every one it sees
+    devices_from: str = ""  # where local_device_ids came from (for the start-up log)
 
 
 def resolve(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
             env: dict[str, str] | None = None, *, init_timeout_s: int = 300,
             heartbeat_timeout_s: int = 60) -> DistConfig | None:
-    """Which multi-process set-up applies (module docstring); None for a single process. Errors name the flag or
-    variable that is missing or wrong."""
+    """Which multi-process set-up applies (module docstring), with this process's GPUs; None for a single process.
+    Errors name the flag or variable that is missing or wrong."""
     env = dict(os.environ if env is None else env)
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     kw = dict(init_timeout_s=init_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s)
@@ -65,8 +78,9 @@ def resolve(coordinator: str | None = None, num_processes: int | None = None, pr
         except ValueError as e:
             raise ConfigError(f"JAX_NUM_PROCESSES / JAX_PROCESS_ID must be integers: {e}") from None
         cfg = DistConfig(env["JAX_COORDINATOR_ADDRESS"], n, i, "env", **kw)
-    elif int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_ID" in env:
-        return DistConfig(None, None, None, "slurm", **kw)
+    elif _int_var(env, "SLURM_NTASKS", 1) > 1 and "SLURM_STEP_ID" in env:
+        cfg = DistConfig(slurm_coordinator(env), _int_var(env, "SLURM_NTASKS"), _int_var(env, "SLURM_PROCID"),
+                         "slurm", **kw)
     else:
         return None
     if cfg.num_processes < 1:
@@ -75,7 +89,140 @@ def resolve(coordinator: str | None = None, num_processes: int | None = None, pr
         raise ConfigError(f"process id {cfg.process_id} is outside [0, {cfg.num_processes})")
     if ":" not in cfg.coordinator:
         raise ConfigError(f"coordinator address must be HOST:PORT, got {cfg.coordinator!r}")
-    return None if cfg.num_processes == 1 else cfg
+    if cfg.num_processes == 1:
+        return None
+    ids, origin = local_devices(env, cfg.source)
+    return dataclasses.replace(cfg, local_device_ids=ids, devices_from=origin)
+
+
+def _int_var(env: dict[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name, "")
+    if not raw.strip():
+        if default is None:
+            raise ConfigError(f"{name} is not set (needed for a multi-process start-up under SLURM)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+# ---- SLURM --------------------------------------------------------------------------------------------------
+
+
+def slurm_first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``node[003-005,009],gpu2`` -> ``node003``, ``a[1-2]-ib`` -> ``a1-ib``."""
+    host, i = [], 0
+    while i < len(nodelist) and nodelist[i] != ",":
+        if nodelist[i] == "[":
+            end = nodelist.find("]", i)
+            if end < 0:
+                raise ConfigError(f"SLURM node list {nodelist!r}: '[' without ']'")
+            host.append(re.split(r"[,-]", nodelist[i + 1:end])[0])
+            i = end + 1
+        else:
+            host.append(nodelist[i])
+            i += 1
+    if not host:
+        raise ConfigError(f"SLURM node list {nodelist!r} has no host")
+    return "".join(host)
+
+
+def slurm_coordinator(env: dict[str, str]) -> str:
+    """HOST:PORT of process 0 in a SLURM step: the step's first node (rank 0 runs there) and
+    ``JAX_COORDINATOR_PORT`` or the port JAX itself would pick, ``61440 + SLURM_JOB_ID % 4096``."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodes:
+        raise ConfigError("SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) is not set: cannot find process 0's host")
+    port = _int_var(env, "JAX_COORDINATOR_PORT", 0) or 61440 + _int_var(env, "SLURM_JOB_ID") % 4096
+    return f"{slurm_first_host(nodes)}:{port}"
+
+
+def slurm_tasks_on_node(env: dict[str, str]) -> int:
+    """Tasks of this step on this node: ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``: 2 on each of the first
+    three nodes, 1 on the fourth) at ``SLURM_NODEID``, else ``SLURM_NTASKS_PER_NODE``, else 1."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(name):
+            counts = []
+            for part in env[name].split(","):
+                m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+                if not m:
+                    raise ConfigError(f"{name}={env[name]!r}: expected counts like 2(x3),1")
+                counts += [int(m.group(1))] * int(m.group(2) or 1)
+            node = _int_var(env, "SLURM_NODEID", 0)
+            if node >= len(counts):
+                raise ConfigError(f"SLURM_NODEID {node} is past {name}={env[name]!r}")
+            return counts[node]
+    return _int_var(env, "SLURM_NTASKS_PER_NODE", 1)
+
+
+def _count(raw: str | None) -> int | None:
+    """A GPU count as SLURM writes it: ``2`` or ``h100:2``."""
+    if not raw or not raw.strip():
+        return None
+    try:
+        return int(raw.strip().rsplit(":", 1)[-1])
+    except ValueError:
+        return None
+
+
+def slurm_local_devices(env: dict[str, str]) -> tuple[tuple[int, ...] | None, str]:
+    """This SLURM rank's GPUs among those it sees (``CUDA_VISIBLE_DEVICES``). One rank on the node: all of them.
+    Several ranks on the node, ``G`` GPUs each (``SLURM_GPUS_PER_TASK``, else ``SLURM_GPUS_ON_NODE`` / ranks, else
+    visible / ranks): a rank that sees ``G`` GPUs already has only its own (SLURM bound them per task, as
+    ``--gpus-per-task`` does); a rank that sees all ``G x ranks`` takes ordinals ``L*G .. L*G+G-1``,
+    ``L = SLURM_LOCALID``. Anything else is refused (``SCALERL_LOCAL_DEVICE_IDS`` then says it explicitly)."""
+    tasks = slurm_tasks_on_node(env)
+    if tasks <= 1:
+        return None, "every GPU this task sees (one rank on this node)"
+    local = _int_var(env, "SLURM_LOCALID")
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    visible = None if raw is None else [v for v in raw.split(",") if v.strip()]
+    per_task = _count(env.get("SLURM_GPUS_PER_TASK"))
+    on_node = _count(env.get("SLURM_GPUS_ON_NODE"))
+    g = per_task or (on_node // tasks if on_node else None) or (len(visible) // tasks if visible else None)
+    where = f"SLURM_LOCALID {local} of {tasks} ranks on this node"
+    if visible is None:  # JAX's own rule for SLURM (one GPU per rank), generalised to G
+        g = g or 1
+        return tuple(range(local * g, local * g + g)), f"{where}, {g} each (CUDA_VISIBLE_DEVICES unset)"
+    if g and len(visible) == g:
+        return None, f"the {g} GPU(s) SLURM bound to this task"
+    if g and len(visible) == g * tasks:
+        return tuple(range(local * g, local * g + g)), f"{where}, {g} each of the {len(visible)} visible"
+    raise ConfigError(f"SLURM: {tasks} ranks share this node and rank {local} sees {len(visible)} GPU(s) "
+                      f"(CUDA_VISIBLE_DEVICES={raw!r}, SLURM_GPUS_PER_TASK={env.get('SLURM_GPUS_PER_TASK')!r}, "
+                      f"SLURM_GPUS_ON_NODE={env.get('SLURM_GPUS_ON_NODE')!r}): cannot tell which are its own. Use "
+                      "--gpus-per-task, or set SCALERL_LOCAL_DEVICE_IDS (ordinals among the visible GPUs)")
+
+
+def local_devices(env: dict[str, str], source: str) -> tuple[tuple[int, ...] | None, str]:
+    """The GPU ordinals (among those ``CUDA_VISIBLE_DEVICES`` leaves visible) this process uses, and why; None:
+    every visible one. ``SCALERL_LOCAL_DEVICE_IDS`` first, then the SLURM split (:func:`slurm_local_devices`)."""
+    raw = env.get("SCALERL_LOCAL_DEVICE_IDS", "")
+    if raw.strip():
+        try:
+            ids = tuple(int(x) for x in raw.split(","))
+        except ValueError:
+            raise ConfigError(f"SCALERL_LOCAL_DEVICE_IDS must be comma-separated GPU ordinals, got {raw!r}") from None
+        if min(ids) < 0 or len(set(ids)) != len(ids):
+            raise ConfigError(f"SCALERL_LOCAL_DEVICE_IDS must be distinct ordinals >= 0, got {raw!r}")
+        return ids, "SCALERL_LOCAL_DEVICE_IDS"
+    if source == "slurm":
+        return slurm_local_devices(env)
+    return None, "every visible device"
+
+
+def channel_poll_s(env: dict[str, str] | None = None) -> float:
+    """Seconds of one key-value wait of a follower (``SCALERL_CHANNEL_POLL_S``, default 30): only how often it
+    wakes up; the wait itself has no limit (:meth:`Channel.recv`)."""
+    raw = (os.environ if env is None else env).get("SCALERL_CHANNEL_POLL_S", "").strip()
+    try:
+        poll = float(raw) if raw else 30.0
+    except ValueError:
+        raise ConfigError(f"SCALERL_CHANNEL_POLL_S must be a number of seconds, got {raw!r}") from None
+    if not poll > 0:
+        raise ConfigError(f"SCALERL_CHANNEL_POLL_S must be > 0, got {raw!r}")
+    return poll
 
 
 def initialize(cfg: DistConfig | None, log=print) -> None:
@@ -85,10 +232,13 @@ def initialize(cfg: DistConfig | None, log=print) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; accelerators use theirs
-    kw: dict[str, Any] = dict(initialization_timeout=cfg.init_timeout_s,
-                              heartbeat_timeout_seconds=cfg.heartbeat_timeout_s)
-    if cfg.source != "slurm":
-        kw.update(coordinator_address=cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
+    # everything is resolved here (SLURM included), so JAX's cluster detection is off: under SLURM it would
+    # otherwise restrict every process to the single GPU SLURM_LOCALID whenever local_device_ids is None
+    kw: dict[str, Any] = dict(coordinator_address=cfg.coordinator, num_processes=cfg.num_processes,
+                              process_id=cfg.process_id, initialization_timeout=cfg.init_timeout_s,
+                              heartbeat_timeout_seconds=cfg.heartbeat_timeout_s, cluster_detection_method="deactivate",
+                              local_device_ids=list(cfg.local_device_ids) if cfg.local_device_ids else None)
+    poll = channel_poll_s()
     t0 = time.time()
     try:
         jax.distributed.initialize(**kw)
@@ -97,8 +247,13 @@ def initialize(cfg: DistConfig | None, log=print) -> None:
                            f"{cfg.num_processes} processes, this is {cfg.process_id}) failed after "
                            f"{time.time() - t0:.0f}s: {e}. Every process must be started with the same coordinator "
                            "and process count, and process 0 must be reachable on that port.") from e
+    ids = ",".join(map(str, cfg.local_device_ids)) if cfg.local_device_ids else "all"
     log(f"[dist] process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local and "
-        f"{jax.device_count()} global devices ({cfg.source}; coordinator {cfg.coordinator or 'from SLURM'})")
+        f"{jax.device_count()} global devices ({cfg.source}; coordinator {cfg.coordinator}); GPUs {ids} "
+        f"({cfg.devices_from})")
+    log(f"[dist] timeouts: start-up {cfg.init_timeout_s}s; heartbeat {cfg.heartbeat_timeout_s}s (a process silent "
+        f"that long ends the run; a leader that exits ends the followers at once); followers wait for the leader's "
+        f"commands without a time limit, waking every {poll:g}s")
 
 
 def process_count() -> int:
@@ -122,13 +277,13 @@ class Channel:
 
     PREFIX = "scalerl/cmd/"
 
-    def __init__(self, wait_timeout_s: float = 3600.0) -> None:
+    def __init__(self, poll_s: float | None = None) -> None:
         from jax._src import distributed
 
         self._client = distributed.global_state.client
         if self._client is None:
             raise RuntimeError("Channel needs jax.distributed to be initialised")
-        self.wait_timeout_s = wait_timeout_s
+        self.poll_s = channel_poll_s() if poll_s is None else float(poll_s)
         self._n = 0
         self.closed = False  # the leader sent "stop"
 
@@ -146,18 +301,29 @@ class Channel:
             _broadcast(arrays, source=True)
 
     def recv(self) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
+        """The next command, waited for without a time limit (the leader may warm-start or generate for hours).
+
+        A leader that dies does not show up here as a timeout. Measured with jaxlib 0.10: when process 0 is
+        killed, its sockets close, this process's coordination client sees ``UNAVAILABLE`` within milliseconds and
+        JAX terminates the process (SIGABRT, "Terminating process because the JAX distributed service detected
+        fatal errors ... Either the leader task was preempted/died/restarted unexpectedly"). A leader that hangs
+        (stopped, or its host unreachable) still answers nothing, so each wait below ends with a plain timeout,
+        until the client's heartbeats have failed for ``heartbeat_timeout_s``: then JAX ends the process the same
+        way. A timeout of one ``poll_s`` wait is therefore "still waiting"; any other error from the get (it can
+        fail before JAX's termination lands) is the leader gone and raises at once."""
         key = f"{self.PREFIX}{self._n}"
-        deadline = time.time() + self.wait_timeout_s
-        while True:  # in slices, so that a leader that is merely slow (a long generation) is waited for
+        t0 = time.monotonic()
+        while True:
             try:
-                raw = self._client.blocking_key_value_get(key, 30_000)
+                raw = self._client.blocking_key_value_get(key, max(1, int(self.poll_s * 1000)))
                 break
-            except Exception as e:  # noqa: BLE001 -- a timeout of this slice; anything else is fatal
-                if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
-                    raise RuntimeError(f"lost the leader while waiting for command {self._n}: {e}") from e
-                if time.time() > deadline:
-                    raise TimeoutError(f"no command from the leader (process 0) for {self.wait_timeout_s:.0f}s "
-                                       f"(waiting for command {self._n})") from None
+            except Exception as e:  # noqa: BLE001 -- a timeout of this wait; anything else is fatal
+                if "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
+                    continue
+                msg = (f"lost the leader (process 0) after waiting {time.monotonic() - t0:.0f}s for command "
+                       f"{self._n}: it died, or the coordination service it runs is unreachable ({e})")
+                print(f"[dist] {msg}", file=sys.stderr, flush=True)
+                raise RuntimeError(msg) from e
         self._n += 1
         header = json.loads(raw)
         arrays: dict[str, np.ndarray] = {}
@@ -189,3 +355,40 @@ def gather_to_host(tree: Any) -> Any:
     from jax.experimental import multihost_utils
 
     return multihost_utils.process_allgather(tree, tiled=True)
+
+
+# ---- agreement between processes (checkpoint restore) --------------------------------------------------------
+
+
+def _kv_client():
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialised")
+    return client
+
+
+def leader_json(tag: str, value: Any, timeout_s: float = 3600.0) -> Any:
+    """The leader's ``value`` (JSON-serialisable) on every process; ``tag`` must be used once per run."""
+    import jax
+
+    key = f"scalerl/leader/{tag}"
+    if jax.process_index() == 0:
+        _kv_client().key_value_set(key, json.dumps(value))
+        return value
+    return json.loads(_kv_client().blocking_key_value_get(key, int(timeout_s * 1000)))
+
+
+def agree(tag: str, error: str | None) -> list[tuple[int, str]]:
+    """Every process's failure at one point, on every process: [(process, reason)], empty when all succeeded.
+    A collective (every process must call it with the same ``tag``, used once per run)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    me = jax.process_index()
+    if error is not None:
+        _kv_client().key_value_set(f"scalerl/agree/{tag}/{me}", error)
+    flags = np.asarray(multihost_utils.process_allgather(np.asarray([error is not None], np.int32))).reshape(-1)
+    return [(int(p), _kv_client().blocking_key_value_get(f"scalerl/agree/{tag}/{p}", 60_000))
+            for p in np.flatnonzero(flags)]

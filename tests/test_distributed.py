@@ -1,0 +1,160 @@
+"""jax.distributed start-up and the leader -> followers channel (scalerl_jax/distributed.py).
+
+- Which GPUs a process uses: ``SCALERL_LOCAL_DEVICE_IDS``, and the SLURM split for one rank per node, one rank
+  per GPU (bound by SLURM or not) and ranks sharing a node's GPUs; SLURM's coordinator address against JAX's own.
+- The channel with two real CPU processes: a follower waits for a slow leader far past its poll and the
+  heartbeat timeout and gets the command; a leader killed with SIGKILL ends the follower at once, one that hangs
+  (SIGSTOP) ends it after the heartbeat timeout, each with JAX's message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scalerl_jax.config import ConfigError
+from scalerl_jax.distributed import resolve, slurm_coordinator, slurm_first_host, slurm_tasks_on_node
+from scalerl_jax.launch import free_port
+from tests.conftest import ROOT
+
+
+def _slurm(**kw) -> dict[str, str]:
+    env = dict(SLURM_JOB_ID="12345", SLURM_STEP_ID="0", SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1",
+               SLURM_NODEID="1", SLURM_STEP_NODELIST="gpu[003-004]", SLURM_STEP_TASKS_PER_NODE="4(x2)")
+    env.update(kw)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def test_slurm_node_list_and_coordinator():
+    assert [slurm_first_host(s) for s in ("node001", "node001,host2", "node[001-015],host2", "node[007,009-015]",
+                                          "rack1-[01-04]-ib,x", "a[1-2]b[3-4]")] == \
+        ["node001", "node001", "node001", "node007", "rack1-01-ib", "a1b3"]
+    with pytest.raises(ConfigError, match="without"):
+        slurm_first_host("node[001-003")
+    # JAX's rule for the port: 61440 + job id % 4096 = 61440 + 57
+    assert slurm_coordinator(_slurm()) == "gpu003:61497"
+    assert slurm_coordinator(_slurm(JAX_COORDINATOR_PORT="29500")) == "gpu003:29500"
+    assert slurm_tasks_on_node(_slurm(SLURM_STEP_TASKS_PER_NODE="2(x3),1", SLURM_NODEID="3")) == 1
+    assert slurm_tasks_on_node(_slurm(SLURM_STEP_TASKS_PER_NODE="2(x3),1", SLURM_NODEID="2")) == 2
+    with pytest.raises(ConfigError, match="SLURM_PROCID"):
+        resolve(env=_slurm(SLURM_PROCID=None))
+
+
+def test_slurm_coordinator_agrees_with_jax_own_detection(monkeypatch):
+    from jax._src.clusters.slurm_cluster import SlurmCluster
+
+    for nodes in ("node001", "node001,host2", "node[001-015],host2", "node[007,009-015]"):
+        env = _slurm(SLURM_STEP_NODELIST=nodes)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert slurm_coordinator(env) == SlurmCluster.get_coordinator_address(None, None)
+
+
+def test_slurm_device_split():
+    one_per_node = resolve(env=_slurm(SLURM_NTASKS="4", SLURM_PROCID="2", SLURM_LOCALID="0", SLURM_NODEID="2",
+                                      SLURM_STEP_NODELIST="gpu[003-006]", SLURM_STEP_TASKS_PER_NODE="1(x4)",
+                                      CUDA_VISIBLE_DEVICES="0,1,2,3"))
+    assert (one_per_node.source, one_per_node.num_processes, one_per_node.process_id) == ("slurm", 4, 2)
+    assert one_per_node.local_device_ids is None  # all 4 (JAX's own detection would give [0] only)
+    # one rank per GPU, 4 per node: SLURM bound one GPU to each task, or left all 4 visible to each
+    assert resolve(env=_slurm(SLURM_GPUS_PER_TASK="1", CUDA_VISIBLE_DEVICES="1")).local_device_ids is None
+    assert resolve(env=_slurm(SLURM_GPUS_PER_TASK="1", CUDA_VISIBLE_DEVICES="0,1,2,3")).local_device_ids == (1,)
+    assert resolve(env=_slurm(CUDA_VISIBLE_DEVICES="0,1,2,3")).local_device_ids == (1,)
+    # 2 ranks x 2 GPUs on a 4-GPU node (--gpus-per-node=4 --ntasks-per-node=2): rank 1 takes ordinals 2, 3 ...
+    two = dict(SLURM_STEP_TASKS_PER_NODE="2(x4)", SLURM_GPUS_ON_NODE="4")
+    assert resolve(env=_slurm(**two, CUDA_VISIBLE_DEVICES="0,1,2,3")).local_device_ids == (2, 3)
+    # ... unless SLURM already gave it only its 2 (--gpu-bind=per_task:2)
+    assert resolve(env=_slurm(**two, CUDA_VISIBLE_DEVICES="2,3")).local_device_ids is None
+    assert resolve(env=_slurm(SLURM_GPUS_PER_TASK="h100:2", SLURM_STEP_TASKS_PER_NODE="2(x4)",
+                              CUDA_VISIBLE_DEVICES="0,1,2,3")).local_device_ids == (2, 3)
+    assert resolve(env=_slurm()).local_device_ids == (1,)  # nothing visible said: one GPU per rank, as JAX does
+    with pytest.raises(ConfigError, match="SCALERL_LOCAL_DEVICE_IDS"):  # 3 GPUs for 2 ranks: whose is which?
+        resolve(env=_slurm(SLURM_STEP_TASKS_PER_NODE="2(x4)", CUDA_VISIBLE_DEVICES="0,1,2"))
+    explicit = resolve(env=_slurm(SCALERL_LOCAL_DEVICE_IDS="0,2", CUDA_VISIBLE_DEVICES="0,1,2"))
+    assert (explicit.local_device_ids, explicit.devices_from) == ((0, 2), "SCALERL_LOCAL_DEVICE_IDS")
+
+
+def test_launcher_environment_resolves_with_its_device_ids():
+    env = dict(JAX_COORDINATOR_ADDRESS="127.0.0.1:1234", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1",
+               SCALERL_LOCAL_DEVICE_IDS="0,1", CUDA_VISIBLE_DEVICES="2,3")
+    cfg = resolve(env=env)
+    assert (cfg.source, cfg.process_id, cfg.local_device_ids) == ("env", 1, (0, 1))
+    assert resolve(env={**env, "SCALERL_LOCAL_DEVICE_IDS": ""}).local_device_ids is None
+    for bad in ("a,b", "0,0", "-1"):
+        with pytest.raises(ConfigError, match="SCALERL_LOCAL_DEVICE_IDS"):
+            resolve(env={**env, "SCALERL_LOCAL_DEVICE_IDS": bad})
+
+
+# ---- the channel, two real processes ------------------------------------------------------------------------
+
+CHILD = """
+import sys, time
+from scalerl_jax import distributed as dist
+dist.initialize(dist.resolve(heartbeat_timeout_s=int(sys.argv[1])))
+ch = dist.Channel()
+if dist.is_leader():
+    time.sleep(float(sys.argv[2]))
+    ch.send("hello", {"x": 1})
+    print("sent", flush=True)
+    time.sleep(600)
+t0 = time.monotonic()
+cmd, meta, _ = ch.recv()
+print(f"got {cmd} {meta} after {time.monotonic() - t0:.1f}s", flush=True)
+ch.recv()
+print("second command?!", flush=True)
+"""
+HEARTBEAT_S, POLL_S = 5, 0.5
+
+
+def _pair(tmp_path, leader_delay_s: float):
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank), SCALERL_CHANNEL_POLL_S=str(POLL_S))
+        log = open(tmp_path / f"p{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, "-c", CHILD, str(HEARTBEAT_S), str(leader_delay_s)],
+                                       cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    return procs
+
+
+@pytest.mark.parametrize("how,delay", [("SIGKILL", 7.5), ("SIGSTOP", 0.0)])
+def test_a_follower_waits_for_a_slow_leader_and_stops_when_it_dies(tmp_path, how, delay):
+    (leader, l0), (follower, l1) = _pair(tmp_path, delay)
+    out = tmp_path / "p1.log"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "got hello" not in out.read_text() and follower.poll() is None:
+            time.sleep(0.2)
+        text = out.read_text()
+        # SIGKILL case: waited 12 polls and 1.5 heartbeat timeouts for a leader that was alive, and got its command
+        assert follower.poll() is None and "got hello {'x': 1} after" in text, text + (tmp_path / "p0.log").read_text()
+        waited = float(text.split("got hello {'x': 1} after ")[1].split("s")[0])
+        assert waited >= delay - 2, waited  # less the follower's later start-up
+        assert f"heartbeat {HEARTBEAT_S}s" in text and f"waking every {POLL_S:g}s" in text
+        t0 = time.monotonic()
+        leader.send_signal(getattr(signal, how))
+        rc = follower.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for p in (leader, follower):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        l0.close()
+        l1.close()
+    text = out.read_text()
+    print(f"{how}: the follower stopped {took:.1f}s later with status {rc}")
+    assert rc != 0 and "second command?!" not in text
+    assert "Terminating process because the JAX distributed service detected fatal errors" in text \
+        or "lost the leader (process 0)" in text, text[-3000:]
+    if how == "SIGKILL":  # the leader's sockets close: at once, and JAX says the leader died
+        assert took < 5, took
+        assert "the leader task was preempted/died" in text or "lost the leader (process 0)" in text, text[-3000:]
+    else:  # a hung leader: the follower's heartbeats fail for HEARTBEAT_S
+        assert HEARTBEAT_S - 1 < took < 3 * HEARTBEAT_S + 5, took

@@ -1,19 +1,24 @@
 """One-command GPU check: kernel tests compiled on the GPU, train-step MFU, engine decode speed, kernels vs their
 references; one table, also written as JSON.
 
-    bash benchmarks/gpu_check.sh --out gpu_check.json         # one GPU, about 10 minutes (installs, then this)
-    python -m benchmarks.gpu_check --cpu-smoke --out x.json   # every code path at tiny sizes on CPU (the test)
+    bash benchmarks/gpu_check.sh --out gpu_check.json         # one GPU, about 10 minutes
+    bash benchmarks/gpu_check.sh --cpu-smoke --out x.json     # every section at tiny sizes on CPU
+    bash benchmarks/offline_image_venv.sh --out x.json        # the CPU smoke inside a copy of the GPU image's Python
 
-Sections, in this order (each is budgeted; one that would not fit the time left is reported as skipped, one that
-fails is reported as an error row and the rest still run; the exit status is 1 if any row is an error):
+Sections, in this order. Each runs in its own process with its own timeout (``benchmarks/gpu_check_driver.py``):
+one that would not fit the time left is reported as skipped; one that fails, crashes or times out is an error row
+and the rest still run; the JSON is rewritten after every section, so a run stopped from outside keeps what
+finished. The exit status is 1 if any row is an error.
 
-1. ``kernel_tests``: ``pytest tests/test_kernel_*.py`` (every kernel test file, found by pattern) in a child
-   process with ``SCALERL_PALLAS_INTERPRET=0`` on the GPU, so the Pallas kernels are compiled, not interpreted
-   (``1`` in the CPU smoke run), and ``JAX_DEFAULT_MATMUL_PRECISION=highest`` so that the float32 references the
-   kernels are compared with are IEEE float32, not TF32. It runs first, before this process touches the GPU.
+1. ``kernel_tests``: ``pytest tests/test_kernel_*.py`` (every kernel test file, found by pattern) with
+   ``SCALERL_PALLAS_INTERPRET=0`` on the GPU, so the Pallas kernels are compiled, not interpreted (``1`` in the
+   CPU smoke run), and ``JAX_DEFAULT_MATMUL_PRECISION=highest`` so that the float32 references the kernels are
+   compared with are IEEE float32, not TF32. One row per test file; a file that cannot be collected (an import
+   missing on the machine) is one error row and the other files still run.
 2. ``device``: backend, device kind, the bf16 dense peak assumed for MFU (a datasheet table: H100 / H200 SXM
    989 TFLOP/s; a device not in the table uses the measured matmul rate instead) and the measured rate of a
-   ``--matmul-n`` cubed matmul (bf16 on GPU, float32 on CPU).
+   ``--matmul-n`` cubed matmul (bf16 on GPU, float32 on CPU). Without a GPU backend (and not ``--cpu-smoke``) it
+   is an error and the later sections do not run.
 3. ``train``: the project's RL train step (``rl_loss`` with CISPO, ``make_train_step`` + ``jit_train_step`` on a
    one-device mesh, AdamW, state donated) for ``--train-model`` (Llama-3.2-1B shapes) in bf16 compute with the
    float32 LM head, ``--train-batch`` x ``--train-seq`` tokens per step (2 x 4096 = 8k). MFU (6N basis) =
@@ -21,35 +26,35 @@ fails is reported as an error row and the rest still run; the exit status is 1 i
    embedding lookup is not a matmul; a tied embedding counts once, as the head), = ``flops_per_token(0) / 2``.
    ``mfu_with_attention`` adds causal attention's FLOPs (3 x ``ModelConfig.flops_per_token(T)``). Memory: XLA's
    ``memory_analysis()`` of the compiled step and, where the device reports it, its peak bytes in use.
-4. ``decode``: the embedded engine (``JaxEngine``) generating ``--decode-new`` greedy tokens after
-   ``--decode-prompt``-token prompts for ``--decode-batch`` rows, random weights stored in bf16, FP32 head, no
-   stop token (every row generates exactly ``--decode-new`` tokens), for a 1B- and an 8B-shaped model; tokens/s
-   = generated tokens / wall time of ``generate`` (prefill included), best of ``--decode-reps`` after a warm-up.
+4. ``decode`` (one process per model): the embedded engine (``JaxEngine``) generating ``--decode-new`` greedy
+   tokens after ``--decode-prompt``-token prompts for ``--decode-batch`` rows, random weights stored in bf16, FP32
+   head, no stop token (every row generates exactly ``--decode-new`` tokens), for a 1B- and an 8B-shaped model;
+   tokens/s = generated tokens / wall time of ``generate`` (prefill included), best of ``--decode-reps`` after a
+   warm-up.
 5. ``impl``: every ``ModelConfig`` field named ``*_impl`` whose choices include ``"reference"`` (today
-   ``logprobs_impl``; an ``attention_impl`` is picked up when it exists), each non-reference choice against
+   ``logprobs_impl`` and ``attention_impl``), each non-reference choice against
    ``"reference"`` on the same model cut to ``--impl-layers`` layers: the RL loss's value and gradient
    (jitted), median time, compiled temp memory, and the loss's relative difference from the reference. A choice
    the config or the backend refuses (``ValueError``; in the CPU smoke run any failure, since GPU-only kernels
    cannot run there) is reported as ``unavailable`` with the reason.
 
-Nothing here has run on a GPU yet (BUILD.md, "GPU check"): the CPU smoke run is what the tests execute.
+Everything imported here and by the kernel tests is on the GPU machines' offline image (jax, numpy, optax,
+orbax-checkpoint, numpyro, chex, flax, safetensors, pytest); ``benchmarks/offline_image_venv.sh`` rehearses the
+CPU smoke run in a virtual environment holding only those. Nothing here has run on a GPU yet (BUILD.md, "GPU
+check").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import typing
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,16 +89,17 @@ GPU = Sizes("llama3_1b", 2, 4096, 5, ("llama3_1b", "llama3_8b"), 64, 128, 256, 2
             False)
 SMOKE = Sizes("llama3_1b", 2, 32, 2, ("llama3_1b", "llama3_8b"), 2, 5, 4, 1, 4, 1, 2, 16, 2, 128,
               "float64_definition or refused", True)
-# minimum seconds a section needs to be started (GPU estimates: compile + the measured steps)
-SECTION_MIN_S = {"train": 90.0, "decode": 45.0, "impl": 40.0}
+IMPL_CHOICE_MIN_S = 20.0  # an impl choice starts only with this many seconds left of its section's timeout
 
 
 class Report:
-    """The rows of the table: ``section, name, value, unit, detail`` (value None for text-only rows)."""
+    """The rows of the table: ``section, name, value, unit, detail, status`` (value None for text-only rows), and
+    metadata. With a ``sink`` path, :meth:`write` replaces that file with ``{"meta", "rows"}`` (atomically)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Path | None = None, write_every_row: bool = False) -> None:
         self.rows: list[dict] = []
         self.meta: dict = {}
+        self.sink, self.write_every_row = sink, write_every_row
 
     def add(self, section: str, name: str, value, unit: str = "", detail: str = "", status: str = "ok") -> None:
         v = None if value is None else float(value)
@@ -101,12 +107,22 @@ class Report:
                           "status": status})
         shown = "" if v is None else f"{v:.4g} {unit}"
         print(f"  [{section}] {name}: {shown} {detail}".rstrip(), flush=True)
+        if self.write_every_row:
+            self.write()
+
+    def write(self) -> None:
+        if self.sink is None:
+            return
+        self.sink.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.sink.with_name(self.sink.name + ".tmp")
+        tmp.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1))
+        os.replace(tmp, self.sink)
 
     def error(self, section: str, name: str, e: BaseException) -> None:
         self.add(section, name, None, detail=f"{type(e).__name__}: {e}"[:400], status="error")
 
     def table(self) -> str:
-        w = max(len(r["name"]) for r in self.rows)
+        w = max([len(r["name"]) for r in self.rows] + [4])
         lines = [f"{'section':<13} {'name':<{w}} {'value':>12} {'unit':<10} status  detail", "-" * (w + 60)]
         for r in self.rows:
             v = "" if r["value"] is None else f"{r['value']:.4g}"
@@ -114,8 +130,23 @@ class Report:
                          f"{r['detail']}")
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """One line per section run: rows by status and the section's wall seconds (``meta["section_wall_s"]``)."""
+        walls = self.meta.get("section_wall_s", {})
+        lines = [f"{'section':<20} {'ok':>4} {'error':>6} {'skipped':>8} {'unavail.':>9} {'wall s':>8}"]
+        for name, wall in walls.items():
+            section = name.split()[0]
+            rows = [r for r in self.rows if r["section"] == section
+                    and (section != "decode" or name == section or name.split()[1] in r["name"])]
+            n = {s: sum(r["status"] == s for r in rows) for s in ("ok", "error", "skipped", "unavailable")}
+            lines.append(f"{name:<20} {n['ok']:>4} {n['error']:>6} {n['skipped']:>8} {n['unavailable']:>9} "
+                         f"{wall:>8.1f}")
+        return "\n".join(lines)
+
 
 class Budget:
+    """Seconds left of ``seconds`` from now."""
+
     def __init__(self, seconds: float) -> None:
         self.end = time.perf_counter() + seconds
 
@@ -146,67 +177,17 @@ def _model_cfg(name: str, sizes: Sizes, **overrides):
     return dataclasses.replace(cfg, **overrides)
 
 
-# ---- 1. kernel tests ----------------------------------------------------------------------------------
-
-
-def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, budget: Budget) -> None:
-    files = sorted(glob.glob(str(ROOT / "tests" / "test_kernel_*.py")))
-    if not files:
-        rep.add("kernel_tests", "files", 0, "files", "no tests/test_kernel_*.py found", status="error")
-        return
-    env = dict(os.environ)
-    env.update(SCALERL_PALLAS_INTERPRET="0" if gpu else "1", JAX_DEFAULT_MATMUL_PRECISION="highest",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=os.pathsep.join(
-                   [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    # tests/conftest.py defaults JAX_PLATFORMS to cpu: name the GPU platform explicitly
-    env["JAX_PLATFORMS"] = (env.get("JAX_PLATFORMS") or "cuda") if gpu else "cpu"
-    with tempfile.TemporaryDirectory() as d:
-        xml = Path(d) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
-        if sizes.kernel_tests_k:
-            cmd += ["-k", sizes.kernel_tests_k]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=max(budget.left() * 0.4, 30))
-        except subprocess.TimeoutExpired as e:
-            rep.error("kernel_tests", "pytest", e)
-            return
-        wall = time.perf_counter() - t0
-        if not xml.exists():
-            rep.add("kernel_tests", "pytest", proc.returncode, "exit code", proc.stdout[-300:] + proc.stderr[-300:],
-                    status="error")
-            return
-        per_file: dict[str, dict[str, int]] = {}
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            mod = case.get("classname", "?").split(".")[-1] + ".py"
-            counts = per_file.setdefault(mod, {"passed": 0, "failed": 0, "skipped": 0})
-            kind = {c.tag for c in case}
-            if kind & {"failure", "error"}:
-                counts["failed"] += 1
-            elif "skipped" in kind:
-                counts["skipped"] += 1
-            else:
-                counts["passed"] += 1
-    mode = "compiled (SCALERL_PALLAS_INTERPRET=0)" if gpu else "interpret (SCALERL_PALLAS_INTERPRET=1)"
-    for mod, c in sorted(per_file.items()):
-        bad = c["failed"] > 0 or c["passed"] == 0
-        rep.add("kernel_tests", mod, c["passed"], "passed", f"{c['failed']} failed, {c['skipped']} skipped; {mode}",
-                status="error" if bad else "ok")
-    if proc.returncode != 0 and not any(r["status"] == "error" for r in rep.rows if r["section"] == "kernel_tests"):
-        rep.add("kernel_tests", "pytest", proc.returncode, "exit code", proc.stdout[-300:], status="error")
-    rep.add("kernel_tests", "wall", wall, "s", f"{len(files)} files")
-
-
 # ---- 2. device and peak ---------------------------------------------------------------------------------
 
 
-def device_peak(rep: Report, sizes: Sizes) -> float:
+def device_peak(rep: Report, sizes: Sizes, gpu: bool) -> float:
     """Record the device, measure a matmul, return the peak FLOP/s that MFU is computed against."""
     import jax
     import jax.numpy as jnp
 
     dev = jax.devices()[0]
+    if gpu and dev.platform != "gpu":
+        raise RuntimeError(f"no GPU backend: jax.devices() = {jax.devices()}; use --cpu-smoke on a CPU")
     rep.meta.update(backend=jax.default_backend(), device_kind=dev.device_kind, n_devices=jax.device_count(),
                     jax_version=jax.__version__)
     dt = jnp.bfloat16 if dev.platform == "gpu" else jnp.float32
@@ -252,7 +233,8 @@ def rl_batch(vocab: int, B: int, T: int, seed: int = 0) -> dict:
     }
 
 
-def train_mfu(rep: Report, sizes: Sizes, peak: float, remat: bool) -> None:
+def train_mfu(rep: Report, sizes: Sizes, peak: float | None, remat: bool) -> None:
+    """``peak`` None (the device section failed): step time, tokens/s and memory, no MFU rows."""
     import jax
 
     from scalerl_jax import sharding as shd
@@ -291,10 +273,14 @@ def train_mfu(rep: Report, sizes: Sizes, peak: float, remat: bool) -> None:
                          "tokens_per_step": tokens, "step_s": step_s, "flops_per_token_fwd": cfg.flops_per_token(T)}
     rep.add("train", "step time", step_s, "s", f"{name}; median of {len(times)}; compile {compile_s:.1f} s")
     rep.add("train", "tokens/s", tokens / step_s, "tok/s", name)
-    rep.add("train", "MFU (6N)", 6 * n_matmul * tokens / step_s / peak, "fraction",
-            f"N = {n_matmul / 1e6:,.1f}M matmul params; peak {peak / 1e12:.3g} TFLOP/s")
-    rep.add("train", "MFU with attention", 3 * cfg.flops_per_token(T) * tokens / step_s / peak, "fraction",
-            "3 x flops_per_token(T): matmuls + causal attention")
+    if peak:
+        rep.add("train", "MFU (6N)", 6 * n_matmul * tokens / step_s / peak, "fraction",
+                f"N = {n_matmul / 1e6:,.1f}M matmul params; peak {peak / 1e12:.3g} TFLOP/s")
+        rep.add("train", "MFU with attention", 3 * cfg.flops_per_token(T) * tokens / step_s / peak, "fraction",
+                "3 x flops_per_token(T): matmuls + causal attention")
+    else:
+        rep.add("train", "MFU", None, detail="no peak FLOP/s (the device section did not report one)",
+                status="skipped")
     rep.add("train", "compiled temp memory", ma.temp_size_in_bytes / 2**30, "GiB",
             f"args {ma.argument_size_in_bytes / 2**30:.2f} GiB")
     peak_b = _peak_bytes()
@@ -398,7 +384,7 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
     for field, choices in fields.items():
         for choice in choices:
             name = f"{field}={choice}"
-            if budget.left() < SECTION_MIN_S["impl"] / 2:
+            if budget.left() < IMPL_CHOICE_MIN_S:
                 rep.add("impl", name, None, detail="skipped: out of time budget", status="skipped")
                 continue
             try:
@@ -428,60 +414,68 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
                     f"max grad rel. diff (per leaf, vs its max) {gdiff:.2e}")
 
 
-# ---- driver ----------------------------------------------------------------------------------------------
+# ---- one section in this process (the driver, benchmarks/gpu_check_driver.py, starts one per section) -------
 
 
-def run_check(sizes: Sizes, gpu: bool, budget_s: float, remat: bool) -> Report:
-    rep, budget = Report(), Budget(budget_s)
-    rep.meta.update(mode="gpu" if gpu else "cpu-smoke", sizes=dataclasses.asdict(sizes), budget_s=budget_s)
-    print("== kernel tests", flush=True)
+def run_one_section(section: str, arg: str | None, sizes: Sizes, gpu: bool, timeout_s: float, remat: bool,
+                    peak: float | None, out: Path) -> int:
+    """Run one section, writing its rows and metadata to ``out`` after every row; an exception is an error row."""
+    rep = Report(sink=out, write_every_row=True)
+    budget = Budget(timeout_s)
     try:
-        run_kernel_tests(rep, sizes, gpu, budget)
-    except Exception as e:  # noqa: BLE001 - every failure becomes a row; the other sections still run
-        rep.error("kernel_tests", "pytest", e)
-    import jax
-
-    if gpu and jax.default_backend() != "gpu":
-        raise SystemExit(f"gpu_check: no GPU backend (jax.devices() = {jax.devices()}); use --cpu-smoke on a CPU")
-    print("== device", flush=True)
-    peak = device_peak(rep, sizes)
-    sections = [("train", lambda: train_mfu(rep, sizes, peak, remat))]
-    sections += [("decode", lambda m=m: decode_speed(rep, sizes, m)) for m in sizes.decode_models]
-    sections += [("impl", lambda: compare_impls(rep, sizes, budget, strict=gpu))]
-    for section, fn in sections:
-        print(f"== {section}", flush=True)
-        if gpu and budget.left() < SECTION_MIN_S[section]:
-            rep.add(section, "section", None, detail=f"skipped: {budget.left():.0f} s left of the budget",
-                    status="skipped")
-            continue
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001
-            rep.error(section, "section", e)
-    rep.meta["wall_s"] = budget_s - budget.left()
-    return rep
+        if section == "device":
+            device_peak(rep, sizes, gpu)
+        elif section == "train":
+            train_mfu(rep, sizes, peak, remat)
+        elif section == "decode":
+            decode_speed(rep, sizes, arg or sizes.decode_models[0])
+        elif section == "impl":
+            compare_impls(rep, sizes, budget, strict=gpu)
+        else:
+            raise ValueError(f"--section must be device, train, decode or impl, got {section!r}")
+    except Exception as e:  # noqa: BLE001 - every failure becomes a row
+        rep.error(section, f"{section} {arg}" if arg else section, e)
+    rep.write()
+    return 1 if any(r["status"] == "error" for r in rep.rows) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU: every code path, in seconds")
-    ap.add_argument("--out", default="gpu_check.json", help="JSON file for the table and metadata")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="wall budget for all sections (GPU run)")
+    ap.add_argument("--out", default="gpu_check.json", help="JSON file for the table and metadata, rewritten "
+                    "after every section")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="wall budget for all sections")
     ap.add_argument("--remat", action="store_true", help="rematerialise layers in the train-step MFU run")
     for f in dataclasses.fields(Sizes):
         if f.name not in ("shrink", "decode_models", "kernel_tests_k"):
             ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(GPU, f.name)), default=None)
     ap.add_argument("--decode-models", nargs="+", default=None)
+    # one section in this process (what the driver starts)
+    ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--section-arg", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--section-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--section-timeout-s", type=float, default=540.0, help=argparse.SUPPRESS)
+    ap.add_argument("--sizes-json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--peak-flops", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    sizes = SMOKE if args.cpu_smoke else GPU
-    sizes = dataclasses.replace(sizes, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
-                                          if getattr(args, f.name, None) is not None})
-    if sizes.decode_models and not isinstance(sizes.decode_models, tuple):
+    if args.sizes_json:
+        raw = json.loads(args.sizes_json)
+        sizes = Sizes(**{**raw, "decode_models": tuple(raw["decode_models"])})
+    else:
+        sizes = SMOKE if args.cpu_smoke else GPU
+        sizes = dataclasses.replace(sizes, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
+                                              if getattr(args, f.name, None) is not None})
         sizes = dataclasses.replace(sizes, decode_models=tuple(sizes.decode_models))
-    rep = run_check(sizes, gpu=not args.cpu_smoke, budget_s=args.budget_s, remat=args.remat)
+    if args.section:
+        if not args.section_out:
+            ap.error("--section needs --section-out")
+        return run_one_section(args.section, args.section_arg, sizes, not args.cpu_smoke, args.section_timeout_s,
+                               args.remat, args.peak_flops, Path(args.section_out))
+    from benchmarks.gpu_check_driver import run_check
+
+    rep = run_check(sizes, gpu=not args.cpu_smoke, budget_s=args.budget_s, remat=args.remat, out=Path(args.out))
     print("\n" + rep.table())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": rep.meta, "rows": rep.rows}, indent=1))
+    print("\n" + rep.summary())
     print(f"\nwrote {args.out}; wall {rep.meta['wall_s']:.0f} s")
     return 1 if any(r["status"] == "error" for r in rep.rows) else 0
 

@@ -2,6 +2,7 @@
 # One command for a machine with one NVIDIA GPU and a 10-minute budget:
 #
 #     bash benchmarks/gpu_check.sh [--out FILE.json] [more benchmarks/gpu_check.py flags]
+#     bash benchmarks/gpu_check.sh --cpu-smoke [--out FILE.json]   # the same sections at tiny sizes on the CPU
 #
 # 1. Python: $PYTHON, else python3 (on this project's lent H200 machines that is the image's Python 3.12 with
 #    JAX 0.11 + CUDA 13 already installed; nothing can be downloaded there).
@@ -12,9 +13,10 @@
 #    - else from the package index (a machine with internet): pip install --user.
 #    If jax sees no GPU, GPU_CHECK_INSTALL_JAX=1 installs jax[cuda13] from the index (GPU_CHECK_JAX_EXTRA
 #    changes the extra, e.g. cuda12); otherwise the script stops with exit status 2.
-# 3. Runs python -m benchmarks.gpu_check (every section budgeted to finish inside --budget-s, default 540 s),
-#    which prints one table and writes the JSON (default ./gpu_check.json). Exit status: that of the check
-#    (1 if any row is an error), 2 if no GPU is usable.
+#    With --cpu-smoke none of this GPU business: JAX runs on the CPU.
+# 3. Runs python -m benchmarks.gpu_check: every section in its own process with its own timeout, all inside
+#    --budget-s (default 540 s); it prints one table and rewrites the JSON (default ./gpu_check.json) after every
+#    section. Exit status: that of the check (1 if any row is an error), 2 if no GPU is usable.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +26,13 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # grow GPU memory on demand: the kernel tests run in a child process beside this one
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-unset JAX_PLATFORMS  # let jax pick the GPU (tests/conftest.py would otherwise default to cpu)
+CPU_SMOKE=0
+for a in "$@"; do [ "$a" = --cpu-smoke ] && CPU_SMOKE=1; done
+if [ "$CPU_SMOKE" = 1 ]; then
+    export JAX_PLATFORMS=cpu
+else
+    unset JAX_PLATFORMS  # let jax pick the GPU (tests/conftest.py would otherwise default to cpu)
+fi
 
 # import name -> pip name
 NEED="jax:jax numpy:numpy optax:optax pytest:pytest safetensors:safetensors ml_dtypes:ml-dtypes
@@ -64,6 +72,11 @@ if [ -n "$MISSING" ]; then
         echo "gpu_check: still missing after install: $STILL" >&2
         exit 2
     fi
+fi
+
+if [ "$CPU_SMOKE" = 1 ]; then
+    "$PY" -c 'import jax; print("== jax", jax.__version__, jax.devices(), "(CPU smoke run)")'
+    exec "$PY" -m benchmarks.gpu_check "$@"
 fi
 
 gpu_ok() { "$PY" -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; }

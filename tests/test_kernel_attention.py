@@ -6,7 +6,9 @@ traced per-layer flag) runs with ``implementation="xla"`` in place of cuDNN, whi
 gradients equal the reference on ragged sequence lengths (not multiples of the kernel blocks), float32 and
 bfloat16 inputs, GQA, global and chunked local attention with a static or traced flag; the masks also equal a
 float64 NumPy definition; the RL train step with ``attention_impl="pallas"`` equals the reference step; what
-cannot run here is refused with a message naming the field and the backend.
+cannot run on the backend is refused with a message naming the field and the backend (the CPU-only refusals are
+skipped, with the reason, on a GPU). The imports are only what the GPU check's offline image has (jax, numpy,
+pytest and the project; ``benchmarks/offline_image_venv.sh``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.run_path import model_from_checkpoint
+from experiments.numerics import model_from_checkpoint
 from kernels.attention import check_impl, library_attention, pallas_attention, pallas_decode
 from scalerl_jax.config import ConfigError, LossConfig, TrainConfig
 from scalerl_jax.models import forward_cached, forward_hidden, init_cache, init_params, tiny, tiny_moe
@@ -215,14 +217,6 @@ def test_unavailable_implementations_are_refused(monkeypatch):
         dataclasses.replace(tiny(), attention_impl="cudnn")  # tiny computes in float32
     cfg = dataclasses.replace(tiny(), attention_impl="cudnn", dtype="bfloat16")
     params = init_params(cfg, jax.random.key(0))
-    # cuDNN on CPU: refused when the forward pass is traced, naming the field and the backend
-    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):
-        forward_hidden(params, tokens, cfg)
-    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):  # and in decoding
-        cached_attention(*_qkv(1, 1, 4, 4, 32, jnp.bfloat16), jnp.zeros((1, 1), jnp.int32),
-                         init_cache(cfg, 1, 16), 0, cfg)
-    with pytest.raises(ValueError, match="cannot compile"):
-        check_impl("pallas", interpret=False)
     with pytest.raises(ValueError, match="positions_BT need ModelConfig.attention_impl='reference'"):
         forward_hidden(params, tokens, dataclasses.replace(cfg, attention_impl="pallas"),
                        positions_BT=jnp.arange(8)[None] + 3)
@@ -232,6 +226,24 @@ def test_unavailable_implementations_are_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"attention_impl='pallas' has no compiled kernel.*'tpu'"):
         check_impl("pallas")
     assert check_impl("reference") is None  # the reference runs everywhere
+
+
+def test_gpu_kernels_are_refused_on_cpu():
+    """On a CPU backend cuDNN attention and compiled (not interpreted) Pallas are refused, naming the field and the
+    backend; on a GPU (the GPU check) both are available, so there is nothing to refuse."""
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"CPU-only refusals; the backend here is {jax.default_backend()!r}, which runs these kernels")
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    cfg = dataclasses.replace(tiny(), attention_impl="cudnn", dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(0))
+    # cuDNN on CPU: refused when the forward pass is traced, naming the field and the backend
+    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):
+        forward_hidden(params, tokens, cfg)
+    with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):  # and in decoding
+        cached_attention(*_qkv(1, 1, 4, 4, 32, jnp.bfloat16), jnp.zeros((1, 1), jnp.int32),
+                         init_cache(cfg, 1, 16), 0, cfg)
+    with pytest.raises(ValueError, match="cannot compile"):
+        check_impl("pallas", interpret=False)
 
 
 def test_run_path_carries_the_kernel_choices():

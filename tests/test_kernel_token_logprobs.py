@@ -155,9 +155,6 @@ def test_unavailable_implementations_are_refused(monkeypatch):
         head_logprobs(h, w, tgt, impl="pallas", head_dtype="bfloat16")
     with pytest.raises(ValueError, match="logprobs_impl must be"):
         head_logprobs(h, w, tgt, impl="cuda")
-    if jax.default_backend() == "cpu":
-        with pytest.raises(ValueError, match="cannot be compiled for the CPU"):
-            kernel_logprobs(h, w, tgt, interpret=False)
     with pytest.raises(ValueError, match="power of two"):
         kernel_logprobs(h, w, tgt, interpret=True, block_vocab=24)
     # a backend with no compiled kernel (TPU): an error naming the field, not the reference in disguise
@@ -166,3 +163,13 @@ def test_unavailable_implementations_are_refused(monkeypatch):
         head_logprobs(h, w, tgt, impl="pallas")
     logp, _ = head_logprobs(h, w, tgt, impl="reference")  # the reference still runs there
     assert logp.shape == (1, 4)
+
+
+def test_compiled_kernel_is_refused_on_cpu():
+    """On a CPU backend the kernel cannot be compiled (only interpreted): asking for it compiled is an error, not a
+    silent fallback. On a GPU it compiles, so there is nothing to refuse."""
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"a CPU-only refusal; the backend here is {jax.default_backend()!r}, which compiles the kernel")
+    h, w, tgt = _inputs(1, 4, 16, 20, jnp.float32)
+    with pytest.raises(ValueError, match="cannot be compiled for the CPU"):
+        kernel_logprobs(h, w, tgt, interpret=False)

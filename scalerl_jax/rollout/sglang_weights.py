@@ -51,6 +51,8 @@ class WeightUpdates:
     ``router_workers``, ``server_caps``, ``_get_json`` and ``_mark_dead``; :meth:`_init_weights` sets its own state.
     """
 
+    CATCH_UP_RETRY_S = 60.0  # a reachable worker whose catch-up failed is tried again after this long
+
     def _init_weights(self, catch_up: bool) -> None:
         self.catch_up_workers = bool(catch_up)
         self._held: dict[str, int] = {}  # worker URL -> the version confirmed there
@@ -207,8 +209,9 @@ class WeightUpdates:
     def catch_up(self) -> list[str]:
         """Bring workers that missed a push up to the newest one (confirmed); returns those brought up to date.
 
-        A worker is tried at most once per ``dead_cooldown_s``; one that already reports the newest version (a
-        fleet restarted it with those weights) is only recorded. Skipped while a push is under way (it reaches
+        A worker is tried at most once per ``dead_cooldown_s`` while unreachable (once per ``CATCH_UP_RETRY_S``
+        when it answers but the push fails); one that already reports the newest version (a fleet restarted it with
+        those weights) is only recorded. Skipped while a push is under way (it reaches
         them). Failures are logged, not raised: the worker's tokens keep its older version.
         """
         if not self.catch_up_workers or self._latest is None:
@@ -239,6 +242,8 @@ class WeightUpdates:
                     self._mark_dead(url)
                 except Exception as e:  # noqa: BLE001 - its tokens keep its real (older) version meanwhile
                     log.warning("catching %s up with weights v%d failed: %s", url, version, e)
+                    with self._lock:  # reachable but refusing: try again much later, not before every batch
+                        self._catch_up_after[url] = now + max(self.dead_cooldown_s, self.CATCH_UP_RETRY_S)
         finally:
             with self._lock:
                 self._updating -= 1

@@ -143,10 +143,10 @@ def launch(module: str, args: list[str], *, processes: int, cpu_devices: int | N
     """Run ``python -m module args`` as ``processes`` ranks of one jax.distributed run; the first non-zero exit
     stops the rest (module docstring). Returns 0 when every process exited 0; raises :class:`LaunchError` (before
     starting anything) when the GPUs asked for are not there."""
-    if cpu_devices and gpus_per_process:
+    if cpu_devices and gpus_per_process is not None:
         raise LaunchError("--cpu-devices and --gpus-per-process exclude each other")
     split: list[list[str] | None] = [None] * processes
-    if gpus_per_process:
+    if gpus_per_process is not None:
         split, note = plan_gpus(processes, gpus_per_process, dict(os.environ))
         print(f"[launch] {note}; GPUs per process: "
               + "; ".join(f"{r}: {','.join(g)}" for r, g in enumerate(split)), flush=True)

@@ -103,6 +103,8 @@ def test_a_launch_asking_for_more_gpus_than_the_host_has_starts_nothing(tmp_path
     assert not (tmp_path / "logs").exists() and "ENV" not in r.stdout
     r = _launch(tmp_path, "--processes", "2", "--gpus-per-process", "1", "--cpu-devices", "2", env=_base())
     assert r.returncode == 2 and "exclude each other" in r.stderr
+    r = _launch(tmp_path, "--processes", "2", "--gpus-per-process", "0", env=_base(PATH=fake_smi))
+    assert r.returncode == 2 and "--gpus-per-process must be >= 1, got 0" in r.stderr
 
     # neither CUDA_VISIBLE_DEVICES nor nvidia-smi: said so, and the ranks still get disjoint GPUs
     r = _launch(tmp_path, "--processes", "2", "--gpus-per-process", "2", env=_base(PATH=str(tmp_path)))

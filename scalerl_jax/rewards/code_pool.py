@@ -14,7 +14,6 @@ order, always: a failure of the machinery becomes a ``sandbox_error`` result, ne
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Iterable
@@ -40,7 +39,9 @@ class CodeJob(NamedTuple):
 
 class CodePool:
     """``config.workers`` concurrent sandboxed runs under one :class:`Sandbox` (isolation chosen once, at
-    construction; see :attr:`isolation`). Use as a context manager or call :meth:`close`. Thread-safe."""
+    construction; see :attr:`isolation`). Use as a context manager or call :meth:`close`. Thread-safe, and callers
+    may share it (training and evaluation): a job's deadline starts when a worker picks it up, not when it was
+    queued behind another caller's jobs."""
 
     def __init__(self, config: SandboxConfig | None = None, sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox or Sandbox(config)
@@ -48,6 +49,7 @@ class CodePool:
         self._ex = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="code-sandbox")
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REASONS, 0)
+        self._lost = 0
         self._seconds = 0.0
 
     @property
@@ -55,40 +57,64 @@ class CodePool:
         """The isolation every run of this pool uses: ``"bwrap"``, ``"rlimits"`` or ``"none"``."""
         return self.sandbox.isolation
 
-    def _run(self, job: CodeJob) -> CodeResult:
-        t0 = time.monotonic()
+    def _run(self, job: CodeJob, started: list[float]) -> CodeResult:
+        # ``started``: when a worker picked the job up (its deadline starts there), then when it ended or was given up
+        started.append(time.monotonic())
         try:
             r = self.sandbox.run(job.program, job.tests, job.entry_point)
         except BaseException as e:  # noqa: BLE001 -- Sandbox.run does not raise; if it ever does, still a result
-            r = CodeResult(False, "sandbox_error", time.monotonic() - t0, f"{type(e).__name__}: {e}", self.isolation)
+            r = CodeResult(False, "sandbox_error", time.monotonic() - started[0], f"{type(e).__name__}: {e}",
+                           self.isolation)
         with self._lock:
-            self._counts[r.reason] = self._counts.get(r.reason, 0) + 1
-            self._seconds += r.seconds
+            if len(started) == 1:  # else map() gave up on it and counted it already
+                self._counts[r.reason] = self._counts.get(r.reason, 0) + 1
+                self._seconds += r.seconds
+                started.append(time.monotonic())  # done: map() no longer gives up on it
         return r
 
     def submit(self, program: str, tests: str, entry_point: str | None = None) -> Future[CodeResult]:
         """Queue one run; the future's result is always a :class:`CodeResult`."""
-        return self._ex.submit(self._run, CodeJob(program, tests, entry_point))
+        return self._ex.submit(self._run, CodeJob(program, tests, entry_point), [])
 
     def map(self, jobs: Iterable[CodeJob]) -> list[CodeResult]:
-        """Run every job (at most ``workers`` at once) and return one result per job, in order."""
-        futures = [self._ex.submit(self._run, CodeJob(*j)) for j in jobs]
-        rounds = math.ceil(len(futures) / self.config.workers) if futures else 0
-        deadline = time.monotonic() + rounds * (self.config.timeout_s + 2.0) + _LOST_AFTER_S
-        out = []
-        for f in futures:
+        """Run every job (at most ``workers`` at once) and return one result per job, in order. A job waits in the
+        queue as long as it must; once a worker has picked it up it has ``timeout_s`` plus :data:`_LOST_AFTER_S` to
+        come back, else it is reported, and counted, as a ``sandbox_error``."""
+        pending = []
+        for j in jobs:
+            started: list[float] = []
+            pending.append((started, self._ex.submit(self._run, CodeJob(*j), started)))
+        return [self._wait(started, f) for started, f in pending]
+
+    def _wait(self, started: list[float], f: Future) -> CodeResult:
+        allowed = self.config.timeout_s + _LOST_AFTER_S
+        while True:
+            left = started[0] + allowed - time.monotonic() if started else allowed
             try:
-                out.append(f.result(timeout=max(0.0, deadline - time.monotonic())))
+                return f.result(timeout=max(0.01, min(left, 1.0)))
             except FutureTimeout:
-                out.append(CodeResult(False, "sandbox_error", 0.0, "no result from the sandbox worker in time",
-                                      self.isolation))
-        return out
+                if started and time.monotonic() - started[0] > allowed:
+                    r = CodeResult(False, "sandbox_error", time.monotonic() - started[0],
+                                   f"no result from the sandbox worker {allowed:g} s after it started the job",
+                                   self.isolation)
+                    with self._lock:
+                        if len(started) > 1:  # it came back just now
+                            continue
+                        self._lost += 1
+                        started.append(time.monotonic())
+                        self._counts["sandbox_error"] += 1
+                        self._seconds += r.seconds
+                    return r
 
     def stats(self) -> dict[str, float]:
-        """Runs so far: one count per reason, ``runs`` and ``mean_seconds``."""
+        """Runs so far: one count per reason (``timeout`` and ``sandbox_error`` included; a job whose worker never
+        came back counts as a ``sandbox_error`` and in ``lost``), ``runs``, ``error_rate`` (sandbox errors per run)
+        and ``mean_seconds``."""
         with self._lock:
             runs = sum(self._counts.values())
-            return {**self._counts, "runs": runs, "mean_seconds": self._seconds / runs if runs else 0.0}
+            return {**self._counts, "lost": self._lost, "runs": runs,
+                    "error_rate": self._counts["sandbox_error"] / runs if runs else 0.0,
+                    "mean_seconds": self._seconds / runs if runs else 0.0}
 
     def close(self) -> None:
         """Wait for queued runs, then stop the workers."""

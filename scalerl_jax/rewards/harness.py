@@ -137,12 +137,21 @@ def _set_limits(lim) -> None:
         r.setrlimit(res, (soft, hard))
 
 
-def _describe(e: BaseException, name: str, text: str) -> str:
-    """``Type: message (name line N: source line)`` for an exception raised in the file ``name`` holding ``text``."""
+def _message(e: BaseException) -> str:
+    """``str(e)``, at most 500 characters, even for an exception of the program's own making."""
     try:
-        msg = str.__str__(str(e))[:500]
+        return str.__str__(str(e))[:500]
     except BaseException:  # noqa: BLE001 -- an exception of the program's own making
-        msg = "<unprintable>"
+        return "<unprintable>"
+
+
+def _describe(e: BaseException, name: str, text: str) -> str:
+    """``Type: message (name line N: source line)`` for an exception raised in the file ``name`` holding ``text``;
+    for one the program raised in a call, the program's own description."""
+    program = getattr(e, "_program_describes", None)
+    if type(program) is str:
+        return program
+    msg = _message(e)
     where, tb = (f" ({e.filename} line {e.lineno})" if isinstance(e, SyntaxError) else ""), e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == name:
@@ -192,7 +201,7 @@ def _program_main() -> None:
         try:
             value = fn(*_dec(msg[2]), **_dec(msg[3]))
         except BaseException as e:  # noqa: BLE001 -- reported to the tests by type name and message
-            return ["raise", type(e).__name__, _describe(e, "program.py", program)]
+            return ["raise", type(e).__name__, _message(e), _describe(e, "program.py", program)]
         try:
             return ["ok", _enc(value)]
         except TypeError as e:
@@ -285,7 +294,9 @@ def _tests_main() -> None:
                                "float, str, bytes, list, tuple, dict, set)")
             if rep[0] == "error":
                 raise ProgramError(str(rep[2]))
-            raise rebuild(rep[1], str(rep[2])[:2000])
+            e = rebuild(rep[1], str(rep[2])[:2000])
+            e._program_describes = str(rep[3] if len(rep) > 3 else rep[2])[:2000]
+            raise e
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -397,7 +408,7 @@ def _launcher_main() -> None:
         drop()
         os.execv(c["argv"][0], c["argv"])
 
-    confined = {"pidns": False, "netns": False, "landlock": 0}
+    confined = {"pidns": False, "netns": False, "landlock": 0, "seccomp": False}
     if c["mode"] == "rlimits":
         # A pid namespace: the interpreter is its init, and when it ends the kernel kills everything it left. A
         # network namespace: no network at all. Root may make both; anyone else needs a user namespace as well.
@@ -408,10 +419,11 @@ def _launcher_main() -> None:
                                                                  ("gid_map", f"{gid} {gid} 1")))):
             confined.update(pidns=True, netns=True)
         confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
-        if not confined["netns"] and confined["landlock"] < 4:
-            os.write(status_fd, json.dumps({"refused": "no network namespace and no Landlock network rules (ABI >= "
-                                                       "4) on this kernel: the rlimits mode would have network"}
-                                           ).encode() + b"\n")
+        confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
+        if not confined["netns"] and not confined["seccomp"]:
+            os.write(status_fd, json.dumps({"refused": "no network namespace (neither root nor unprivileged user "
+                                                       f"namespaces) and no socket filter for {os.uname().machine}: "
+                                                       "the rlimits mode would have network"}).encode() + b"\n")
             os._exit(126)
 
     class Stop(Exception):  # noqa: N818 -- the trainer asks for an end (SIGTERM, or our parent died)
@@ -433,8 +445,12 @@ def _launcher_main() -> None:
             os.close(status_fd)
             drop()
             os.chdir(c["scratch"])
-            if c["mode"] == "rlimits" and confined["landlock"]:
-                _landlock(libc, confined["landlock"], c["read"], c["scratch"])
+            if c["mode"] == "rlimits":
+                libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: needed to confine oneself without privileges
+                if confined["landlock"]:
+                    _landlock(libc, confined["landlock"], c["read"], c["scratch"])
+                if confined["seccomp"]:
+                    _no_sockets(libc)
             os.execve(c["argv"][0], c["argv"], c["env"])
         except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
             os.write(2, f"sandbox launcher: {e!r}\n".encode())
@@ -545,15 +561,38 @@ def _landlock(libc, abi: int, read: list, scratch: str) -> None:
     for p in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
         allow(p, 2 | 4)
     allow(scratch, fs)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, required to restrict oneself without privileges
     if libc.syscall(446, ruleset, 0) != 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.close(ruleset)
 
 
-_ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _describe, _program_main),
-          "tests": (_send, _recv, _enc, _dec, _strict_eq, _set_limits, _describe, _tests_main),
-          "launcher": (_write, _landlock, _launcher_main)}
+def _no_sockets(libc) -> None:
+    """A seccomp filter: ``socket()`` and ``io_uring_setup()`` fail with EACCES (``socketpair`` and pipes still
+    work), and so does every call of another ABI (x32, 32-bit compat). No network without a network namespace."""
+    import ctypes
+    import os
+
+    arch, nr_socket = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}[os.uname().machine]
+    deny, allow = 0x00050000 | 13, 0x7FFF0000  # SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    code = ((ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, 2, 0, 0x40000000),
+            (jeq, 1, 0, nr_socket), (jeq, 0, 1, 425), (ret, 0, 0, deny), (ret, 0, 0, allow))
+
+    class Insn(ctypes.Structure):
+        _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32))
+
+    class Prog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn)))
+
+    insns = (Insn * len(code))(*(Insn(*i) for i in code))
+    prog = Prog(len(code), insns)
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp filter")
+
+
+_ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),
+          "tests": (_send, _recv, _enc, _dec, _strict_eq, _set_limits, _message, _describe, _tests_main),
+          "launcher": (_write, _landlock, _no_sockets, _launcher_main)}
 
 
 @functools.cache

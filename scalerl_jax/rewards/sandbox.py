@@ -252,7 +252,7 @@ class Sandbox:
         if self.isolation == "rlimits":
             c = self.confinement
             ns = "pid+network namespaces" if c.get("pidns") else "no namespaces (tree sweep)"
-            how = f" ({ns}, Landlock ABI {c.get('landlock', 0)})"
+            how = f" ({ns}, Landlock ABI {c.get('landlock', 0)}{', no sockets' if c.get('seccomp') else ''})"
         return f"{self.isolation}{how}, as {who}"
 
     def _resolve(self, want: str) -> str:
@@ -288,7 +288,7 @@ class Sandbox:
                 r, status = self._run("def f():\n    return 1\n", "assert f() == 1\n", None, mode, cfg)
                 _probe_cache[key] = None if r.passed else f"{r.reason}: {r.detail} {r.stderr[-300:]}".strip()
                 if r.passed and mode == "rlimits":
-                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "landlock")}
+                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "landlock", "seccomp")}
             return _probe_cache[key]
 
     def _reach_for(self, mode: str) -> list:

@@ -17,6 +17,7 @@ from scalerl_jax.config import (
     LossConfig,
     MeshConfig,
     RolloutConfig,
+    SandboxSettings,
     TrainConfig,
     dapo_loss,
     grpo_loss,
@@ -163,6 +164,9 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
         train=TrainConfig(lr=5e-7, warmup_steps=100, schedule="constant", adam_eps=1e-15, weight_decay=0.01,
                           grad_clip=1.0, steps=10000, microbatches=48, eval_every=100, eval_samples=16,
                           checkpoint_every=50, seed=seed),
+        # model-written code on a real run: bubblewrap or refuse to start (--set sandbox.isolation=rlimits or auto
+        # allows the rlimits mode explicitly)
+        sandbox=SandboxSettings(isolation="bwrap"),
         out_dir="runs/8b",
     )
     return ExperimentPlan(exp=exp, real=True, warm_steps=0, seq_len=16384, n_trainer_devices=16)

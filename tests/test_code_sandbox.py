@@ -331,3 +331,14 @@ def test_a_lost_worker_is_a_counted_sandbox_error(monkeypatch):
         time.sleep(1.5)  # the worker comes back: the job is not counted twice
         stats = pool.stats()
     assert (stats["runs"], stats["sandbox_error"], stats["lost"], stats["error_rate"]) == (1, 1, 1, 1.0)
+
+
+def test_real_presets_refuse_to_run_code_without_bubblewrap(monkeypatch):
+    import scalerl_jax.rewards.sandbox as sb
+    from experiments.presets import build_plan
+
+    assert {p: build_plan(p).exp.sandbox.isolation for p in ("8b", "scout", "tiny", "tiny_mathcode", "small")} == {
+        "8b": "bwrap", "scout": "bwrap", "tiny": "auto", "tiny_mathcode": "auto", "small": "auto"}
+    monkeypatch.setattr(sb, "find_bwrap", lambda: "/bin/false")  # a machine where bubblewrap cannot start
+    with pytest.raises(SandboxError, match="bwrap"):
+        Sandbox(SandboxConfig(isolation=build_plan("8b").exp.sandbox.isolation))

@@ -71,6 +71,12 @@ def run_child(cmd: list[str], env: dict, timeout_s: float, capture_stdout: bool)
         return ChildResult(rc, wall, out.read()[-2000:], err.read()[-2000:])
 
 
+def _show_tail(what: str, text: str) -> None:
+    """A failed child's last output on the console (its rows carry only one line of it)."""
+    if text.strip():
+        print(f"  --- last output of {what} ---\n{text.rstrip()}\n  ---", flush=True)
+
+
 def _tail_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
@@ -129,6 +135,8 @@ def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, timeout_s: float, fil
         if sizes.kernel_tests_k:
             cmd += ["-k", sizes.kernel_tests_k]
         res = run_child(cmd, env, timeout_s, capture_stdout=True)
+        if res.returncode != 0:
+            _show_tail("pytest", res.stdout_tail + res.stderr_tail)
         if res.returncode is None:
             rep.add("kernel_tests", "pytest", None, detail=f"timeout: killed after {res.wall_s:.0f} s", status="error")
             return
@@ -169,6 +177,8 @@ def run_section(rep: Report, section: str, arg: str | None, sizes: Sizes, gpu: b
         got = {"rows": [], "meta": {}}
         try:
             res = run_child(cmd, _child_env(gpu), timeout_s, capture_stdout=False)
+            if res.returncode != 0:
+                _show_tail(f"section {section}", res.stderr_tail)
         finally:  # also when stopped from outside: keep the rows the section finished
             if out.exists():
                 got = json.loads(out.read_text())

@@ -58,6 +58,44 @@ def test_humaneval_canonical_solutions_pass_and_a_corrupted_one_fails(pool):
     assert (r.passed, r.reason) == (False, "failed") and "AssertionError" in r.detail and "tests.py" in r.detail
 
 
+# Every canonical solution, wrapped so that it returns an object equal to anything (and close to anything, true,
+# ordered before and after anything): a reward hack that a grader comparing in the program's interpreter pays for.
+ALWAYS_EQUAL = """
+
+class _Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __bool__(self): return True
+    def __hash__(self): return 0
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __lt__
+    def __sub__(self, other): return self
+    __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __truediv__ = __sub__
+    def __abs__(self): return 0.0
+    def __len__(self): return 0
+    def __iter__(self): return iter(())
+
+
+_real = {entry}
+
+
+def {entry}(*args, **kwargs):
+    _real(*args, **kwargs)
+    return _Anything()
+"""
+
+
+def test_humaneval_canonical_solutions_returning_always_equal_objects_all_fail(pool):
+    tasks = load_humaneval()
+    jobs = [CodeJob(t.reference_program() + ALWAYS_EQUAL.format(entry=t.entry_point), t.tests, t.entry_point)
+            for t in tasks]
+    results = pool.map(jobs)
+    passed = [t.task_id for t, r in zip(tasks, results, strict=True) if r.passed]
+    assert not passed, f"{len(passed)} of 164 hacked solutions passed: {passed[:10]}"
+    assert all(r.reason == "failed" and "not a plain value" in r.detail for r in results), \
+        [(t.task_id, r.detail) for t, r in zip(tasks, results, strict=True) if "not a plain value" not in r.detail]
+
+
 def test_toy_file_loads_and_its_solutions_pass(pool):
     tasks, skipped = load_code_tasks(str(TOY))
     assert skipped == 0 and len(tasks) == 5 and {t.tag for t in tasks} == {"toy"}

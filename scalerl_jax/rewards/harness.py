@@ -26,20 +26,17 @@ import inspect
 import textwrap
 
 
-def _send(fd: int, obj) -> None:
-    """Write ``obj`` to ``fd`` as one length-prefixed JSON message."""
-    import json
+def _send(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` as one length-prefixed message."""
     import os
 
-    data = json.dumps(obj, separators=(",", ":")).encode()
     data = len(data).to_bytes(8, "big") + data
     while data:
         data = data[os.write(fd, data):]
 
 
-def _recv(fd: int, cap: int = 8 << 20):
+def _recv(fd: int, cap: int = 8 << 20) -> bytes:
     """Read one message :func:`_send` wrote; EOFError at the end, OverflowError over ``cap`` bytes."""
-    import json
     import os
 
     def read_exactly(n: int) -> bytes:
@@ -54,11 +51,12 @@ def _recv(fd: int, cap: int = 8 << 20):
     n = int.from_bytes(read_exactly(8), "big")
     if n > cap:
         raise OverflowError(f"a message of {n} bytes (at most {cap})")
-    return json.loads(read_exactly(n))
+    return read_exactly(n)
 
 
 def _enc(v, depth: int = 0):
-    """``v`` as JSON-ready data if it is a plain value of an exact plain type (no subclass), else TypeError."""
+    """``v`` as nested lists of literals (sent as ``repr``, read back with ``ast.literal_eval``) if it is a plain
+    value of an exact plain type (no subclass), else TypeError."""
     t = type(v)
     if depth > 200:
         raise TypeError("nested over 200 levels")
@@ -123,8 +121,8 @@ def _set_limits(lim) -> None:
 
     if lim is None:
         return
-    tasks = 0
-    for d in filter(str.isdigit, os.listdir("/proc")):
+    tasks = lim["tasks"] or 0  # known (a fresh uid's only task: this one), else counted
+    for d in filter(str.isdigit, os.listdir("/proc") if lim["tasks"] is None else ()):
         with contextlib.suppress(OSError, ValueError, KeyError), open(f"/proc/{d}/status") as f:
             st = dict(line.split(":", 1) for line in f if ":" in line)
             tasks += int(st["Threads"]) if int(st["Uid"].split()[0]) == os.getuid() else 0
@@ -164,17 +162,17 @@ def _describe(e: BaseException, name: str, text: str) -> str:
 def _program_main() -> None:
     """The program process (argv: request fd, reply fd; stdin: the job as JSON). Runs the program, then answers
     the tests process until it says ``end`` or goes away. Nothing it sends can be more than a plain value."""
-    import json
+    import marshal
     import os
     import sys
 
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
     with open(0, "rb", closefd=False) as f:
-        job = json.loads(f.read())
+        job = marshal.loads(f.read())
     with open("/dev/null", "rb") as f:
         os.dup2(f.fileno(), 0)
     _set_limits(job["limits"])
-    program, send, recv = job["program"], _send, _recv
+    program, send, recv, loads = job["program"], _send, _recv, marshal.loads
     del job
     ns = {"__name__": "__sandbox__", "__builtins__": __builtins__}
     error = None
@@ -209,17 +207,17 @@ def _program_main() -> None:
 
     while True:
         try:
-            msg = recv(fd_in)
+            msg = loads(recv(fd_in))  # from the tests process: trusted
         except (EOFError, OSError):
             os._exit(0)
         if msg[0] == "end":
             os._exit(0)
         try:
-            send(fd_out, error or answer(msg))
+            send(fd_out, repr(error or answer(msg)).encode("utf-8", "surrogatepass"))
         except MemoryError:
-            send(fd_out, ["raise", "MemoryError", "MemoryError (while sending the result)"])
-        except (OSError, ValueError) as e:  # ValueError: an int too long for str(), json's own limits
-            send(fd_out, ["opaque", f"unsendable: {type(e).__name__}"])
+            send(fd_out, b"['raise', 'MemoryError', 'MemoryError (while sending the result)']")
+        except (OSError, ValueError, RecursionError) as e:
+            send(fd_out, repr(["opaque", f"unsendable: {type(e).__name__}"]).encode())
 
 
 def _tests_main() -> None:
@@ -227,13 +225,13 @@ def _tests_main() -> None:
     proxies of the program's names; only this process writes the verdict."""
     import ast
     import builtins
-    import json
+    import marshal
     import os
     import sys
 
     fd_verdict, fd_req, fd_rep = map(int, sys.argv[1:4])
     with open(0, "rb", closefd=False) as f:
-        job = json.loads(f.read())
+        job = marshal.loads(f.read())
     with open("/dev/null", "rb") as f:
         os.dup2(f.fileno(), 0)
     _set_limits(job["limits"])
@@ -243,7 +241,7 @@ def _tests_main() -> None:
         body = detail.encode("utf-8", "backslashreplace")[:2000].replace(b"\n", b" ").replace(b"\t", b" ")
         os.write(fd_verdict, reason.encode() + b"\t" + body + b"\n")
         try:
-            _send(fd_req, ["end"])
+            _send(fd_req, marshal.dumps(["end"]))
         except OSError:
             pass
         os._exit(0)
@@ -259,12 +257,16 @@ def _tests_main() -> None:
 
     def exchange(msg):
         try:
-            _send(fd_req, msg)
-            return _recv(fd_rep)
+            _send(fd_req, marshal.dumps(msg))
+            raw = _recv(fd_rep)
         except (EOFError, OSError) as e:
             raise Gone("the program's process ended during the tests") from e
-        except (ValueError, OverflowError) as e:
+        except OverflowError as e:
             raise NotPlain(f"the program's reply was malformed: {e}") from e
+        try:  # from the program: parsed as literals only
+            return ast.literal_eval(raw.decode("utf-8", "surrogatepass"))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError) as e:
+            raise NotPlain(f"the program's reply was malformed: {type(e).__name__}") from None
 
     def rebuild(name: str, text: str) -> BaseException:
         cls = getattr(builtins, name, None) if type(name) is str else None
@@ -282,7 +284,7 @@ def _tests_main() -> None:
             except TypeError as e:
                 raise TypeError(f"the tests passed a {e} to the program's {name}(); only plain values cross") from None
             rep = exchange(req)
-            if type(rep) is not list or not rep or rep[0] not in ("ok", "raise", "opaque", "error"):
+            if type(rep) is not list or len(rep) < 2 or rep[0] not in ("ok", "raise", "opaque", "error"):
                 raise NotPlain("the program's reply was malformed")
             if rep[0] == "ok":
                 try:
@@ -333,6 +335,8 @@ def _tests_main() -> None:
     ns = {"__name__": "__tests__", "__builtins__": builtins, "__strict_eq__": _strict_eq}
     try:
         rep = exchange(["names", wanted])
+        if type(rep) is not list or len(rep) < 2 or rep[0] not in ("names", "error"):
+            raise NotPlain("the program's reply was malformed")
         if rep[0] == "error":
             verdict("memory" if rep[1] == "MemoryError" else "failed", str(rep[2]))
         for n, kind in rep[1].items():
@@ -364,14 +368,19 @@ def _launcher_main() -> None:
     kernel allows one, Landlock, the wall clock, then kill its whole tree (SIGTERM from the trainer does the same)."""
     import contextlib
     import ctypes
-    import json
     import os
     import select
     import signal
     import sys
     import time
 
-    c = json.loads(sys.argv[1])
+    c = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 -- the trainer's own repr() of plain values
+
+    def status(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
+        def js(v):
+            return ("true" if v else "false") if type(v) is bool else str(v) if type(v) is int else \
+                '"' + str(v).replace("\\", "/").replace('"', "'") + '"'
+        return ("{" + ", ".join(f'"{k}": {js(v)}' for k, v in kw.items()) + "}\n").encode()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     ms_bind, ms_rec, ms_private, ms_nosuid, ms_nodev = 4096, 16384, 1 << 18, 2, 4
@@ -421,9 +430,9 @@ def _launcher_main() -> None:
         confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
         confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
         if not confined["netns"] and not confined["seccomp"]:
-            os.write(status_fd, json.dumps({"refused": "no network namespace (neither root nor unprivileged user "
-                                                       f"namespaces) and no socket filter for {os.uname().machine}: "
-                                                       "the rlimits mode would have network"}).encode() + b"\n")
+            os.write(status_fd, status(refused="no network namespace (neither root nor unprivileged user "
+                                              f"namespaces) and no socket filter for {os.uname().machine}: the "
+                                              "rlimits mode would have network"))
             os._exit(126)
 
     class Stop(Exception):  # noqa: N818 -- the trainer asks for an end (SIGTERM, or our parent died)
@@ -455,7 +464,7 @@ def _launcher_main() -> None:
         except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
             os.write(2, f"sandbox launcher: {e!r}\n".encode())
         os._exit(125)
-    os.write(status_fd, json.dumps({"started": True, **confined}).encode() + b"\n")
+    os.write(status_fd, status(started=True, **confined))
     os.close(status_fd)
     for fd in c["close"]:
         os.close(fd)

@@ -41,6 +41,7 @@ import functools
 import glob
 import json
 import logging
+import marshal
 import math
 import os
 import queue
@@ -342,8 +343,11 @@ class Sandbox:
         uid = self._uids.get() if self._uids is not None and mode != "none" else None
         scratch, sr, sw, jfd = None, *os.pipe(), os.memfd_create("scalerl-code-job")
         try:
+            if job["limits"] is not None:  # as a fresh uid outside bubblewrap the interpreter is the uid's only task
+                known = 1 if uid is not None and mode == "rlimits" else None
+                job = {**job, "limits": {**job["limits"], "tasks": known}}
             with open(jfd, "wb", closefd=False) as f:
-                f.write(json.dumps(job).encode())
+                f.write(marshal.dumps(job))
             os.lseek(jfd, 0, os.SEEK_SET)
             interp = [self._interp.exe, "-I", "-S", "-c", source(role), *map(str, fds)]
             if mode == "bwrap":
@@ -357,7 +361,7 @@ class Sandbox:
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
                       "timeout": cfg.timeout_s, "namespaces": NAMESPACES}
-            proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), json.dumps(launch)],
+            proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")
         except BaseException:

@@ -1,12 +1,15 @@
-"""Code sandbox overhead: programs per second through a CodePool under bubblewrap against the rlimits-only fallback
-(and, as a floor, no sandbox at all), for a trivial program and for HumanEval problems, measured in one run.
+"""Code sandbox overhead: programs per second through a CodePool under bubblewrap against the rlimits mode (and, as
+a floor, no sandbox at all), for a trivial program and for HumanEval problems, measured in one run.
 
     python -m benchmarks.bench_sandbox                          # 64 programs per cell, 4 workers
     python -m benchmarks.bench_sandbox --programs 128 --workers 8 --no-none
 
 Each cell runs ``--programs`` jobs through one :class:`~scalerl_jax.rewards.code_pool.CodePool` (after one warm-up
-run) and reports wall time and programs/s; every run must pass (the canonical solutions of HumanEval's first
-problems, cycled). The ratio column divides each isolation's rate by the rlimits-only rate of the same workload.
+run) and reports wall time, programs/s and CPU milliseconds per program (this process and every sandbox process it
+reaped, user + system); every run must pass (the canonical solutions of HumanEval's first problems, cycled). The
+ratio column divides each isolation's rate by the rlimits rate of the same workload. The script uses only the
+pool's public interface, so the same file measures an older checkout too (run it with that checkout first on
+``PYTHONPATH``): that is how the cost of grading outside the program's interpreter was measured.
 """
 
 from __future__ import annotations
@@ -14,18 +17,25 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import resource
 import time
 
 
-def _measure(pool, jobs) -> tuple[float, float]:
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and of every child it has reaped."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _measure(pool, jobs) -> tuple[float, float, float]:
     pool.map(jobs[:1])  # warm-up: interpreter pages, probe cache, first uid
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     results = pool.map(jobs)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
     bad = [r for r in results if not r.passed]
     if bad:
         raise SystemExit(f"{len(bad)} of {len(jobs)} runs did not pass under {pool.isolation}: {bad[0]}")
-    return wall, len(jobs) / wall
+    return wall, len(jobs) / wall, cpu / len(jobs) * 1000
 
 
 def main() -> None:
@@ -54,22 +64,22 @@ def main() -> None:
         try:
             pool = CodePool(SandboxConfig(isolation=mode, workers=a.workers, timeout_s=30.0, cpu_s=30.0))
         except SandboxError as e:
-            rows.append((mode, "-", "-", "-", f"unavailable: {e}"))
+            rows.append((mode, "-", "-", "-", "-", f"unavailable: {e}"))
             continue
         with pool:
             for name, jobs in workloads.items():
-                wall, per_s = _measure(pool, jobs)
+                wall, per_s, cpu_ms = _measure(pool, jobs)
                 rate[mode, name] = per_s
-                rows.append((mode, name, f"{wall:.2f}", f"{per_s:.1f}", pool.sandbox.describe()))
+                rows.append((mode, name, f"{wall:.2f}", f"{per_s:.1f}", f"{cpu_ms:.0f}", pool.sandbox.describe()))
 
     print(f"\ncode sandbox throughput: {a.programs} programs per cell, {a.workers} workers, {os.cpu_count()} CPUs, "
           f"euid {os.geteuid()}, bwrap {find_bwrap()}, load average {os.getloadavg()[0]:.1f}\n")
-    print("| isolation | workload | wall s | programs/s | vs rlimits | sandbox |")
-    print("|---|---|---|---|---|---|")
-    for mode, name, wall, per_s, what in rows:
+    print("| isolation | workload | wall s | programs/s | CPU ms/program | vs rlimits | sandbox |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, name, wall, per_s, cpu_ms, what in rows:
         ref = rate.get(("rlimits", name))
         ratio = f"{rate[mode, name] / ref:.2f}" if ref and (mode, name) in rate else "-"
-        print(f"| {mode} | {name} | {wall} | {per_s} | {ratio} | {what} |")
+        print(f"| {mode} | {name} | {wall} | {per_s} | {cpu_ms} | {ratio} | {what} |")
 
 
 if __name__ == "__main__":

@@ -470,6 +470,10 @@ def _launcher_main() -> None:
         os.close(fd)
 
     def sweep() -> None:  # kill our descendants (orphans included: we are their subreaper) until none is left
+        if confined["pidns"]:  # the namespace's init was our child: once reaped, the kernel has emptied it
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return
         me = os.getpid()
         for _ in range(500):
             parent = {}

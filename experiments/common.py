@@ -267,9 +267,13 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
 # ---- dry run of a real preset ------------------------------------------------------------------------------
 
 
-def dry_run(plan: ExperimentPlan) -> int:
-    """Validate the configuration and AOT-compile the RL train step on an abstract mesh (subprocess with
-    simulated CPU devices when no accelerators are present), printing per-device memory."""
+def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_gb: float | None = None) -> int:
+    """Validate the configuration and AOT-compile the train state's initialisation and the RL train step on an
+    abstract mesh (subprocess with simulated CPU devices when no accelerators are present), printing per-device
+    memory. ``devices`` (default: the preset's trainer devices) and ``device_memory_gb`` (default: a GB200's)
+    describe the user's own topology."""
+    if devices is not None:
+        plan = dataclasses.replace(plan, n_trainer_devices=int(devices))
     import os
     import subprocess
     import sys
@@ -297,4 +301,6 @@ def dry_run(plan: ExperimentPlan) -> int:
     cmd = [sys.executable, "-m", "scalerl_jax.aot", "--config", str(out / "config.json"), "--devices",
            str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len),
            "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp)), "--json", str(out / "aot.json")]
+    if device_memory_gb is not None:
+        cmd += ["--device-memory-gb", str(device_memory_gb)]
     return subprocess.call(cmd, env=dict(os.environ))

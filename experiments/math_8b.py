@@ -60,10 +60,19 @@ class RunArgs:
     steps: int | None = None
     """RL steps (overrides the preset's train.steps)"""
     resume: bool = False
-    """continue from the run directory's latest valid checkpoint"""
+    """continue from the run directory's latest valid checkpoint (when checkpoints exist and none restores, the run
+    stops naming each one and why; metrics.jsonl is left untouched)"""
+    overwrite: bool = False
+    """start over in a run directory that holds an earlier run: deletes its metrics.jsonl, checkpoints/,
+    tensorboard/, weights/, fit/, summary.json and report.md first (without it such a directory is refused)"""
     dry_run: bool = False
     """validate the configuration and AOT-compile the train step on an abstract mesh (no accelerator, no weights),
     printing per-device memory"""
+    devices: Annotated[int | None, tyro.conf.arg(metavar="N")] = None
+    """--dry-run: trainer devices to compile for (default: the preset's), e.g. 8 for one 8-GPU node"""
+    device_memory_gb: Annotated[float | None, tyro.conf.arg(metavar="M")] = None
+    """--dry-run: memory per device in GB to check the init and step peaks against (default 186, a GB200; H100 80,
+    H200 141)"""
     model: str | None = None
     """HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its tokenizer.json): replaces
     the preset's own base model (no warm start); the architecture comes from its config.json, the recipe from the
@@ -180,20 +189,25 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     if args.dry_run:
         from experiments.common import dry_run
 
-        return dry_run(plan)
+        return dry_run(plan, devices=args.devices, device_memory_gb=args.device_memory_gb)
     if plan.real and not _on_accelerators():
         print(f"[{prog.split('.')[-1]}] preset {preset!r} is the real {plan.exp.model.n_layers}-layer recipe and "
               f"needs accelerators; none are present. Run `{prog} --preset {cpu_preset}` on CPU, or "
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
         return 2
     from experiments.run_path import run_experiment
+    from scalerl_jax.checkpoint import ResumeError
 
     t0 = time.time()
     try:
-        summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=args.fit)
+        summary: dict[str, Any] = run_experiment(plan, resume=args.resume, fit=args.fit, overwrite=args.overwrite)
     except ConfigError as e:
         print(f"[{prog.split('.')[-1]}] error: {e}", file=sys.stderr)
         return 2
+    except ResumeError as e:
+        print(f"[{prog.split('.')[-1]}] error: --resume: {e}; metrics.jsonl was left as it was (--overwrite starts "
+              "over)", file=sys.stderr)
+        return 1
     if summary.get("follower"):
         print(f"[math_8b] process {summary['process']} done in {time.time() - t0:.0f}s")
         return 0

@@ -22,7 +22,7 @@ from scalerl_jax.config import (
     dapo_loss,
     grpo_loss,
 )
-from scalerl_jax.models.presets import llama3_8b, scout_17b16e, tiny, tiny_moe
+from scalerl_jax.models.presets import llama3_1b, llama3_8b, scout_17b16e, tiny, tiny_moe
 
 R = dataclasses.replace
 
@@ -172,6 +172,29 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     return ExperimentPlan(exp=exp, real=True, warm_steps=0, seq_len=16384, n_trainer_devices=16)
 
 
+def real_1b_plan(seed: int = 0) -> ExperimentPlan:
+    """The cheapest real run: a Llama-3.2-1B-shaped model on one GPU, generating with the embedded JAX engine on the
+    same device (co-located), on real math data (``--model DIR --data FILE.jsonl``).
+
+    Budgets for real math prompts: 1,024 prompt tokens + 4,096 completion tokens (interruption at U[3000, 3500]
+    thinking tokens, up to 48 for the interruption text, 512 answer), a 5,120-token training row. 16 prompts x 8
+    samples per step in 16 micro-batches of 8 rows, AdamW 1e-6 (20 warm-up steps), eps 1e-15, wd 0.01, CISPO
+    eps_max 5, PipelineRL-8. Memory per device: ``--dry-run`` compiles the state's initialisation and the step for
+    one device and prints both peaks (the engine's bf16 weights and KV cache come on top: 128 rows x 5,120 tokens x
+    16 layers x 8 KV heads x 64 x 2 (K and V) x 2 bytes = 21 GB)."""
+    p = real_8b_plan(seed)
+    exp = R(p.exp, name="scalerl_1b", model=llama3_1b(),
+            rollout=R(p.exp.rollout, prompts_per_batch=16, group_size=8, max_prompt_len=1024, max_new_tokens=4096,
+                      length=LengthConfig(kind="interruption", think_budget_lo=3000, think_budget_hi=3500,
+                                          answer_budget=512),
+                      engine="embedded", local_servers=0, weight_dtype="bfloat16", generator_dtype="bfloat16"),
+            data=DataConfig(source="jsonl", path="", val_size=500, seed=seed),
+            train=R(p.exp.train, lr=1e-6, warmup_steps=20, steps=1000, microbatches=16, eval_every=50,
+                    eval_samples=8, checkpoint_every=50),
+            out_dir="runs/1b")
+    return R(p, exp=exp, seq_len=1024 + 4096, n_trainer_devices=1)
+
+
 def tiny_moe_plan(seed: int = 0) -> ExperimentPlan:
     """The tiny default with the Llama-4 MoE model (``tiny_moe``): same task, recipe and budgets."""
     p = tiny_plan(seed)
@@ -194,7 +217,8 @@ def scout_plan(seed: int = 0) -> ExperimentPlan:
 
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,
                                                        "tiny_mathcode": tiny_mathcode_plan,
-                                                       "tiny_chain": tiny_chain_plan, "8b": real_8b_plan}
+                                                       "tiny_chain": tiny_chain_plan, "1b": real_1b_plan,
+                                                       "8b": real_8b_plan}
 MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,
                                                            "scout": scout_plan}
 

@@ -50,6 +50,11 @@ def test_llama3_8b_train_step_fits_gb200_on_16_devices(tmp_path):
     assert rep["params_bytes"] == 4 * ((LLAMA3_8B_PARAMS - NORMS_8B) // 16 + NORMS_8B)
     assert 0 <= rep["opt_state_bytes"] - 2 * rep["params_bytes"] <= 64
     assert rep["argument_bytes"] >= rep["params_bytes"] + rep["opt_state_bytes"] + rep["batch_bytes"]
+    # the state's initialisation, as compiled: the donated params' blocks become the state's, so its peak is the
+    # sharded state (params + both moments + the step) and nothing whole: 3 x 2.0 GB, not 96 GB on one device
+    state = rep["params_bytes"] + rep["opt_state_bytes"]
+    assert state <= rep["init_peak_bytes"] <= state + 0.05 * rep["params_bytes"], rep
+    assert rep["init_peak_gib_per_device"] == rep["init_peak_bytes"] / 2**30
     peak = rep["peak_bytes"]
     print(f"llama3_8b / 16 devices / 16k tokens: peak {peak / 1e9:.1f} GB per device "
           f"(temp {rep['temp_bytes'] / 1e9:.1f} GB), compiled in {rep['compile_s']:.0f} s")

@@ -152,3 +152,18 @@ def test_moe_presets_are_the_recipe_on_the_moe_model(preset):
                 m.vocab_size) == (48, 5120, 40, 8, 16, 1, 8192, 202048)
         assert plan.exp.mesh.expert == 16 and plan.n_trainer_devices == 16 and plan.real
         assert 16.5e9 < m.num_active_params() < 17.5e9 and 1.05e11 < m.num_params() < 1.1e11
+
+
+def test_1b_preset_is_one_gpu_with_real_math_budgets():
+    """The cheapest real run: Llama-3.2-1B shapes, 1,024 prompt + 4,096 completion tokens, one trainer device with
+    the embedded engine on it, interruption budget + the text's 48 tokens + answer within the completion."""
+    plan = build_plan("1b")
+    e = plan.exp
+    assert plan.real and plan.n_trainer_devices == 1 and plan.base_kind == "none"  # needs --model and --data
+    assert (e.model.n_layers, e.model.d_model, e.model.ffn_dim, e.model.vocab_size) == (16, 2048, 8192, 128256)
+    assert e.model.tie_embeddings and 1.2e9 < e.model.num_params() < 1.3e9
+    assert (e.rollout.max_prompt_len, e.rollout.max_new_tokens, plan.seq_len) == (1024, 4096, 5120)
+    assert e.rollout.engine == "embedded" and e.rollout.local_servers == 0 and not e.rollout.sglang_urls
+    lc = e.rollout.length
+    assert lc.think_budget_hi + 48 + lc.answer_budget <= e.rollout.max_new_tokens
+    assert (e.rollout.prompts_per_batch * e.rollout.group_size) % e.train.microbatches == 0

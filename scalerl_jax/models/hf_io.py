@@ -63,7 +63,7 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -
 def _open_safetensors(path: Path, stack: contextlib.ExitStack):
     """``safe_open`` handle of one file (closed with ``stack``). The pread backend reads a tensor's bytes
     only when it is asked for, into a buffer of its own, and maps nothing, so reading a checkpoint tensor
-    by tensor never keeps the file set resident."""
+    by tensor never keeps the file set resident (a slice of a tensor, though, reads the whole tensor)."""
     try:
         return stack.enter_context(safe_open(path, framework="numpy", backend="pread"))
     except SafetensorError as e:
@@ -208,6 +208,15 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
     presence and shape is checked; errors name the tensor and the expected vs found shape.
     """
     path = Path(path)
+    hf_cfg, cfg = read_hf_config(path, param_dtype)
+    with contextlib.ExitStack() as stack:
+        return _load_params(path, hf_cfg, cfg, _collect_tensors(path, stack)), cfg
+
+
+def read_hf_config(path: str | os.PathLike, param_dtype: str = "float32") -> tuple[dict[str, Any], ModelConfig]:
+    """(config.json as a dict, the ModelConfig it describes with ``param_dtype``) of an HF checkpoint directory;
+    no tensor is read."""
+    path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{path}: config.json not found")
@@ -215,10 +224,7 @@ def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") ->
         hf_cfg = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from e
-    cfg = config_from_hf(hf_cfg, str(cfg_file))
-    cfg = dataclasses.replace(cfg, param_dtype=param_dtype)
-    with contextlib.ExitStack() as stack:
-        return _load_params(path, hf_cfg, cfg, _collect_tensors(path, stack)), cfg
+    return hf_cfg, dataclasses.replace(config_from_hf(hf_cfg, str(cfg_file)), param_dtype=param_dtype)
 
 
 def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: dict) -> Params:

@@ -14,9 +14,9 @@ One run has two sandboxed interpreters that never share memory, plus the trainer
   ``!=`` an assert makes is type-strict (:func:`_strict_eq`). Only this process writes the verdict, on a pipe the
   program process does not hold, after the tests ran; the program never sees the tests' source or their expected
   values;
-- the **launcher** (:func:`_launcher_main`) sits between the trainer and each of the two: it drops root to the
-  run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself (a pid and network
-  namespace where the kernel allows one, Landlock, rlimits) and kills its whole process tree at the end.
+- the **launcher** (:mod:`scalerl_jax.rewards.launcher`) sits between the trainer and each of the two: it drops
+  root to the run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself and kills
+  its whole process tree at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import inspect
 import textwrap
+
+from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _write
 
 
 def _send(fd: int, data: bytes) -> None:
@@ -113,16 +115,19 @@ def _strict_eq(a, b) -> bool:
 
 
 def _set_limits(lim) -> None:
-    """The run's rlimits. RLIMIT_NPROC counts every task of the real uid, so the allowance comes on top of those
-    this process can see."""
+    """The run's rlimits. RLIMIT_NPROC counts every task of the real uid (in the innermost user namespace), so the
+    allowance comes on top of those."""
     import contextlib
     import os
     import resource as r
 
     if lim is None:
         return
-    tasks = lim["tasks"] or 0  # known (a fresh uid's only task: this one), else counted
-    for d in filter(str.isdigit, os.listdir("/proc") if lim["tasks"] is None else ()):
+    # The launcher knows when this process is its uid's only task (a fresh uid; a user namespace of its own, where
+    # the kernel counts per namespace): then no scan of the host's /proc.
+    known = os.environ.get("SANDBOX_ONLY_TASK") == "1"
+    tasks = 1 if known else 0
+    for d in filter(str.isdigit, () if known else os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError, KeyError), open(f"/proc/{d}/status") as f:
             st = dict(line.split(":", 1) for line in f if ":" in line)
             tasks += int(st["Threads"]) if int(st["Uid"].split()[0]) == os.getuid() else 0
@@ -360,247 +365,6 @@ def _tests_main() -> None:
     except BaseException as e:  # noqa: BLE001 -- any failure of the tests fails the program
         verdict("failed", _describe(e, "tests.py", tests))
     verdict("passed", "")
-
-
-def _launcher_main() -> None:
-    """Between the trainer and one sandboxed interpreter (argv: JSON config). Drops root to the run's uid, then
-    execs bubblewrap, or (rlimits) confines and supervises the interpreter: a pid and a network namespace where the
-    kernel allows one, Landlock, the wall clock, then kill its whole tree (SIGTERM from the trainer does the same)."""
-    import contextlib
-    import ctypes
-    import os
-    import select
-    import signal
-    import sys
-    import time
-
-    c = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 -- the trainer's own repr() of plain values
-
-    def status(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
-        def js(v):
-            return ("true" if v else "false") if type(v) is bool else str(v) if type(v) is int else \
-                '"' + str(v).replace("\\", "/").replace('"', "'") + '"'
-        return ("{" + ", ".join(f'"{k}": {js(v)}' for k, v in kw.items()) + "}\n").encode()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    ms_bind, ms_rec, ms_private, ms_nosuid, ms_nodev = 4096, 16384, 1 << 18, 2, 4
-
-    def ok(ret: int, what: str) -> None:
-        if ret != 0:
-            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
-
-    uid, status_fd = c["uid"], c["status_fd"]
-    os.umask(0o022)
-    if c["reach"]:  # paths the run's uid cannot reach: visible to it in our own mount namespace only
-        ok(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-        ok(libc.mount(b"none", b"/", None, ms_rec | ms_private, None), "make / private")
-        for top, paths in c["reach"]:
-            fds = [os.open(p, os.O_PATH) for p in paths]  # the originals stay reachable through these
-            ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=755"), f"tmpfs on {top}")
-            for p, pfd in zip(paths, fds, strict=True):
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                if os.path.isdir(f"/proc/self/fd/{pfd}"):
-                    os.makedirs(p, exist_ok=True)
-                else:
-                    open(p, "a").close()
-                ok(libc.mount(f"/proc/self/fd/{pfd}".encode(), p.encode(), None, ms_bind | ms_rec, None), f"bind {p}")
-                os.close(pfd)
-
-    def drop() -> None:
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
-
-    if c["mode"] == "bwrap":
-        drop()
-        os.execv(c["argv"][0], c["argv"])
-
-    confined = {"pidns": False, "netns": False, "landlock": 0, "seccomp": False}
-    if c["mode"] == "rlimits":
-        # A pid namespace: the interpreter is its init, and when it ends the kernel kills everything it left. A
-        # network namespace: no network at all. Root may make both; anyone else needs a user namespace as well.
-        me, gid = os.getuid(), os.getgid()
-        if c["namespaces"] and libc.unshare(0x20000000 | 0x40000000) == 0 or c["namespaces"] and (
-                me != 0 and libc.unshare(0x10000000 | 0x20000000 | 0x40000000) == 0
-                and all(_write(f"/proc/self/{f}", t) for f, t in (("setgroups", "deny"), ("uid_map", f"{me} {me} 1"),
-                                                                 ("gid_map", f"{gid} {gid} 1")))):
-            confined.update(pidns=True, netns=True)
-        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
-        confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
-        if not confined["netns"] and not confined["seccomp"]:
-            os.write(status_fd, status(refused="no network namespace (neither root nor unprivileged user "
-                                              f"namespaces) and no socket filter for {os.uname().machine}: the "
-                                              "rlimits mode would have network"))
-            os._exit(126)
-
-    class Stop(Exception):  # noqa: N818 -- the trainer asks for an end (SIGTERM, or our parent died)
-        pass
-
-    def stop(*_):
-        raise Stop
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only once the child is watched
-    signal.signal(signal.SIGTERM, stop)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: if the trainer goes, clean up as on SIGTERM
-    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come back to us to be killed
-    pid = os.fork()
-    if pid == 0:
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            os.setsid()
-            os.close(status_fd)
-            drop()
-            os.chdir(c["scratch"])
-            if c["mode"] == "rlimits":
-                libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: needed to confine oneself without privileges
-                if confined["landlock"]:
-                    _landlock(libc, confined["landlock"], c["read"], c["scratch"])
-                if confined["seccomp"]:
-                    _no_sockets(libc)
-            os.execve(c["argv"][0], c["argv"], c["env"])
-        except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
-            os.write(2, f"sandbox launcher: {e!r}\n".encode())
-        os._exit(125)
-    os.write(status_fd, status(started=True, **confined))
-    os.close(status_fd)
-    for fd in c["close"]:
-        os.close(fd)
-
-    def sweep() -> None:  # kill our descendants (orphans included: we are their subreaper) until none is left
-        if confined["pidns"]:  # the namespace's init was our child: once reaped, the kernel has emptied it
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            return
-        me = os.getpid()
-        for _ in range(500):
-            parent = {}
-            for d in filter(str.isdigit, os.listdir("/proc")):
-                with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            victims = []
-            for p in parent:
-                q, hops = p, 0
-                while q > 1 and q != me and hops < 64:
-                    q, hops = parent.get(q, 0), hops + 1
-                if q == me and p != me:
-                    victims.append(p)
-            for p in victims:
-                with contextlib.suppress(OSError):
-                    os.kill(p, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
-            if not victims:
-                return
-            time.sleep(0.005)
-
-    status, timed_out = None, False
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        pidfd = os.pidfd_open(pid)
-        timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
-        if timed_out:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    except Stop:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        sweep()
-        os._exit(143)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sweep()
-    if timed_out:
-        os._exit(124)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-
-
-def _write(path: str, text: str) -> bool:
-    """Write ``text`` to ``path``; False on any OSError."""
-    import os
-
-    try:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        return True
-    except OSError:
-        return False
-
-
-def _landlock(libc, abi: int, read: list, scratch: str) -> None:
-    """Confine this process and its descendants with Landlock: read and execute only ``read`` (``[path, full]``:
-    the interpreter, the system libraries and ``/proc``; a directory that holds a hidden one (``site-packages``)
-    may only be listed), a few devices, write only inside ``scratch`` and
-    to ``/dev/null``; no TCP bind or connect (ABI >= 4); no signals to, and no abstract unix sockets of, processes
-    outside this domain (ABI >= 6). Landlock also denies ptrace (and so ``/proc/PID/mem``) outside the domain."""
-    import ctypes
-    import os
-
-    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-    net = 3 if abi >= 4 else 0
-    scoped = 3 if abi >= 6 else 0
-    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    ruleset = libc.syscall(444, ctypes.byref(attr), size, 0)
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-
-    class Beneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = (("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32))
-
-    def allow(path: str, access: int) -> None:
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if not os.path.isdir(path):
-                access &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)  # file rights only
-            rule = Beneath(access & fs, fd)
-            if libc.syscall(445, ruleset, 1, ctypes.byref(rule), 0) != 0:
-                raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
-        finally:
-            os.close(fd)
-
-    for p, full in read:
-        allow(p, 1 | 4 | 8 if full else 8)  # execute, read file, read dir; or list only (it holds a hidden dir)
-    for p in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
-        allow(p, 2 | 4)
-    allow(scratch, fs)
-    if libc.syscall(446, ruleset, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-    os.close(ruleset)
-
-
-def _no_sockets(libc) -> None:
-    """A seccomp filter: ``socket()`` and ``io_uring_setup()`` fail with EACCES (``socketpair`` and pipes still
-    work), and so does every call of another ABI (x32, 32-bit compat). No network without a network namespace."""
-    import ctypes
-    import os
-
-    arch, nr_socket = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}[os.uname().machine]
-    deny, allow = 0x00050000 | 13, 0x7FFF0000  # SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    code = ((ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, 2, 0, 0x40000000),
-            (jeq, 1, 0, nr_socket), (jeq, 0, 1, 425), (ret, 0, 0, deny), (ret, 0, 0, allow))
-
-    class Insn(ctypes.Structure):
-        _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32))
-
-    class Prog(ctypes.Structure):
-        _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn)))
-
-    insns = (Insn * len(code))(*(Insn(*i) for i in code))
-    prog = Prog(len(code), insns)
-    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        raise OSError(ctypes.get_errno(), "seccomp filter")
 
 
 _ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),

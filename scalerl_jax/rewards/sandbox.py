@@ -343,9 +343,6 @@ class Sandbox:
         uid = self._uids.get() if self._uids is not None and mode != "none" else None
         scratch, sr, sw, jfd = None, *os.pipe(), os.memfd_create("scalerl-code-job")
         try:
-            if job["limits"] is not None:  # as a fresh uid outside bubblewrap the interpreter is the uid's only task
-                known = 1 if uid is not None and mode == "rlimits" else None
-                job = {**job, "limits": {**job["limits"], "tasks": known}}
             with open(jfd, "wb", closefd=False) as f:
                 f.write(marshal.dumps(job))
             os.lseek(jfd, 0, os.SEEK_SET)

@@ -88,6 +88,24 @@ def test_correct_passes_and_wrong_fails_with_the_assert_message(sandbox):
     assert (r.passed, r.reason) == (False, "failed") and "assert candidate(1, 1) == 3" in r.detail
 
 
+def test_tests_reach_the_programs_values_modules_functions_and_exceptions(sandbox):
+    prog = ("import math as m\nLIMIT = [1, (2, 3), {'k': b'v'}]\n"
+            "def f(x, scale=1):\n    if x < 0:\n        raise ValueError('negative input')\n"
+            "    return m.sqrt(x) * scale\n")
+    tests = ("assert LIMIT == [1, (2, 3), {'k': b'v'}]\nassert m.isclose(f(4.0, scale=2), 4.0)\n"
+             "assert f(4) == 2\n"  # 2.0 == 2: ints and floats compare by value
+             "try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative input' in str(e)\nelse:\n"
+             "    assert False, 'no exception crossed'\n")
+    r = sandbox.run(prog, tests)
+    assert r.passed, r
+    # exact types: a tuple is not a list, a bool not an int (Python's own == says True == 1)
+    for ret, expected in (("(1, 2)", "[1, 2]"), ("True", "1"), ("1", "True"), ("[True]", "[1]")):
+        r = sandbox.run(f"def g():\n    return {ret}\n", f"assert g() == {expected}\n")
+        assert (r.passed, r.reason) == (False, "failed"), (ret, expected, r)
+        r = sandbox.run(f"def g():\n    return {ret}\n", f"assert g() != {expected}\n")
+        assert r.passed, (ret, expected, r)
+
+
 def test_a_program_cannot_supply_or_swap_the_tests_check(sandbox):
     tests = "def check(candidate):\n    assert candidate() == 1, 'the real check ran'\n"
     r = sandbox.run("def f():\n    return 2\ndef check(candidate):\n    pass\n", "x = 1\n", "f")

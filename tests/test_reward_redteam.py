@@ -302,8 +302,16 @@ CASES: dict[str, tuple[str, str, str | None, tuple[str, ...]]] = {
                 open(f"f{k}", "wb").write(bytes(1 << 20))
             return 0
         """, _SECRET_TESTS, None, ("failed", "crash")),
-    "flood_output": ("import sys\nsys.stdout.write('x' * (100 << 20))\nsys.stdout.flush()\n", _SECRET_TESTS, None,
-                     ("output_limit",)),
+    "flood_output_beside_a_daemon": ("""
+        import ctypes, os, sys, time
+        if os.fork() == 0:  # a daemon in its own session, alive when the trainer kills the run for its output
+            os.setsid()
+            ctypes.CDLL(None).prctl(15, b"@MARK@flood", 0, 0, 0)
+            time.sleep(60)
+        time.sleep(0.3)
+        sys.stdout.write("x" * (100 << 20))
+        sys.stdout.flush()
+        """, _SECRET_TESTS, None, ("output_limit",)),
     "never_return": ("def f():\n    while True:\n        pass\n", _SECRET_TESTS, None, ("timeout",)),
     "reach_loopback_tcp_and_udp": ("""
         import socket

@@ -192,6 +192,8 @@ def _program_main() -> None:
             for n in msg[1]:
                 if n not in ns:
                     out[n] = "missing"
+                elif type(ns[n]).__name__ == "module" and isinstance(getattr(ns[n], "__name__", None), str):
+                    out[n] = ["module", ns[n].__name__]  # the tests import it themselves
                 elif callable(ns[n]):
                     out[n] = "fn"
                 else:
@@ -351,6 +353,12 @@ def _tests_main() -> None:
                 ns[n] = proxy(n)
             elif type(kind) is list and kind[0] == "val":
                 ns[n] = _dec(kind[1])
+            elif type(kind) is list and kind[0] == "module" and type(kind[1]) is str:
+                try:
+                    __import__(kind[1])
+                    ns[n] = sys.modules[kind[1]]
+                except ImportError:
+                    pass
         if entry and ns.get(entry) is None:
             verdict("failed", f"the program defines no {entry!r}")
         exec(compile(tree, "tests.py", "exec"), ns)  # noqa: S102 -- the task's own tests

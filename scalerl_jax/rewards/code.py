@@ -33,7 +33,8 @@ What the program can and cannot do:
   ``encode_cyclic``, ``encode_shift``, defined in the prompt) are the program's own: a program that rewrites them
   changes what those tests check.
 - Values cross by copy: a test that checks how the program mutated an argument sees the argument unchanged, and
-  objects (classes, generators, functions) cannot be passed either way.
+  objects (instances, generators, functions) cannot be passed either way: tests in the ``Solution().method()``
+  style need an adapter that calls a function.
 - The ``rlimits`` mode reads the host's file system where Landlock allows it (the interpreter, the system
   libraries, ``/proc``); its scratch directory is on the host's disk. Without a network namespace (no root and no
   unprivileged user namespaces) Landlock blocks TCP but not UDP, and the process tree is killed by a sweep from

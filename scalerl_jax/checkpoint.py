@@ -4,7 +4,8 @@ RNG, the data-iterator state, the curriculum, the compute counters and the metri
 Saves are asynchronous (the train loop only blocks for the device-to-host copy); the last
 ``keep`` checkpoints are kept. :meth:`RunCheckpointer.restore_latest` walks back from the newest step and
 skips, with a warning, any checkpoint that fails to restore (partial or corrupt), so a run killed in the
-middle of a save resumes from the previous good one.
+middle of a save resumes from the previous good one; when none restores it raises :class:`ResumeError` naming
+each checkpoint and why, and the run stops before it writes anything.
 
 Orbax does not checksum array data: a flipped byte in a chunk file restores silently as a wrong value. So the
 side car also holds a checksum of every state leaf (computed on device at save, order-independent modular
@@ -14,9 +15,11 @@ as corrupt.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,10 @@ def state_checksums(state: Any) -> list[list[int]]:
     return [[int(v) for v in np.asarray(c)] for c in jax.device_get(_checksums(state))]
 
 
+class ResumeError(RuntimeError):
+    """``--resume`` found checkpoints but none restores (or none at all): the message names each one and why."""
+
+
 class RunCheckpointer:
     def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True) -> None:
         self.directory = Path(directory).absolute()
@@ -83,30 +90,83 @@ class RunCheckpointer:
         self._mgr.reload()
         return sorted(self._mgr.all_steps())
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """(step, state, extras) of the newest checkpoint that restores cleanly; None if there is none.
+    def restore_latest(self, abstract_state: Any, *, steps: list[int] | None = None,
+                       agree: Callable[[str, str | None], list[tuple[int, str]]] | None = None,
+                       ) -> tuple[int, Any, dict[str, Any]]:
+        """(step, state, extras) of the newest checkpoint that restores cleanly.
 
-        ``abstract_state`` (ShapeDtypeStructs, optionally with shardings) gives the target structure.
+        ``abstract_state`` (ShapeDtypeStructs, optionally with shardings) gives the target structure; ``steps``
+        the candidates (default: every step on disk). A checkpoint that fails is skipped with a warning. In a
+        multi-process run ``agree(tag, error or None)`` returns every process's failure (process, reason): the
+        processes agree after checking the files (:meth:`preflight`) and after the read, so all of them skip a
+        checkpoint together or none does, and none enters a collective alone. Raises :class:`ResumeError` naming
+        every checkpoint and why it was refused when none restores (or none exists).
         """
-        for step in reversed(self.steps()):
+        steps = self.steps() if steps is None else list(steps)
+        refused: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            err, state, extras = None, None, None
+            try:
+                self.preflight(step)
+            except Exception as e:  # noqa: BLE001 -- unreadable here: this checkpoint is unusable
+                err = f"{type(e).__name__}: {e}"
+            if agree is not None:  # orbax's restore is collective: every process enters it, or none does
+                failures = agree(f"{step}/files", err)
+                if failures:
+                    err = "; ".join(f"process {p}: {r}" for p, r in failures)
+            if err is not None:
+                refused.append((step, err))
+                self._warn_refused(step, err)
+                continue
             try:
                 restored = self._mgr.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), extras=ocp.args.JsonRestore()))
                 state, extras = restored["state"], restored["extras"]
                 if extras is None or "step" not in extras:
                     raise ValueError("extras missing")
-                if not all_finite(state):
-                    raise ValueError("non-finite values in restored state")
-                want = extras.pop(_CHECKSUM_KEY, None)  # absent in checkpoints written before checksums existed
-                if want is not None and state_checksums(state) != want:
-                    raise ValueError("state checksum mismatch (corrupt array data)")
-                return step, state, extras
             except Exception as e:  # noqa: BLE001 -- any failure means: this checkpoint is unusable
-                msg = f"checkpoint {self.directory / str(step)} could not be restored ({type(e).__name__}: {e}); " \
-                      "falling back to the previous one"
-                warnings.warn(msg, stacklevel=2)
-                log.warning(msg)
-        return None
+                err = f"{type(e).__name__}: {e}"
+            if agree is not None:  # the checks below are collectives: every process must reach them, or none
+                failures = agree(f"{step}/restore", err)
+                if failures:
+                    err = "; ".join(f"process {p}: {r}" for p, r in failures)
+            if err is None:  # the same verdict on every process: computed on the global arrays
+                if not all_finite(state):
+                    err = "non-finite values in restored state"
+                else:
+                    want = extras.pop(_CHECKSUM_KEY, None)  # absent in checkpoints written before checksums
+                    if want is not None and state_checksums(state) != want:
+                        err = "state checksum mismatch (corrupt array data)"
+            if err is None:
+                return step, state, extras
+            refused.append((step, err))
+            self._warn_refused(step, err)
+        if not refused:
+            raise ResumeError(f"no checkpoint in {self.directory}")
+        raise ResumeError(f"none of the {len(refused)} checkpoint(s) in {self.directory} restores: "
+                          + "; ".join(f"step {s}: {r}" for s, r in refused))
+
+    def preflight(self, step: int) -> None:
+        """This process can read checkpoint ``step``'s files: its directory, commit marker and metadata parse, and
+        every file under it can be opened (raises naming the file). Run before orbax's collective restore, so a
+        process that cannot see the files (a node's mount, permissions) is found before the others enter it."""
+        d = self.directory / str(step)
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: no such checkpoint directory")
+        for sub in ("state", "extras"):
+            if not (d / sub).is_dir():
+                raise FileNotFoundError(f"{d / sub}: missing (an interrupted save?)")
+        for f in d.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    fh.read(1)
+        if (d / "_CHECKPOINT_METADATA").is_file():
+            json.loads((d / "_CHECKPOINT_METADATA").read_text())
+
+    def _warn_refused(self, step: int, err: str) -> None:
+        msg = f"checkpoint {self.directory / str(step)} could not be restored ({err}); trying the previous one"
+        warnings.warn(msg, stacklevel=3)
+        log.warning(msg)
 
     def close(self) -> None:
         self._mgr.wait_until_finished()

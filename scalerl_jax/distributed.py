@@ -380,15 +380,18 @@ def leader_json(tag: str, value: Any, timeout_s: float = 3600.0) -> Any:
     return json.loads(_kv_client().blocking_key_value_get(key, int(timeout_s * 1000)))
 
 
-def agree(tag: str, error: str | None) -> list[tuple[int, str]]:
+def agree(tag: str, error: str | None, timeout_s: float = 600.0) -> list[tuple[int, str]]:
     """Every process's failure at one point, on every process: [(process, reason)], empty when all succeeded.
-    A collective (every process must call it with the same ``tag``, used once per run)."""
+    Every process must call it with the same ``tag`` (once per run). Through the coordination service's key-value
+    store, not a device collective, so it never pairs up with a collective another process is in (orbax's
+    barriers)."""
     import jax
-    from jax.experimental import multihost_utils
 
-    me = jax.process_index()
-    if error is not None:
-        _kv_client().key_value_set(f"scalerl/agree/{tag}/{me}", error)
-    flags = np.asarray(multihost_utils.process_allgather(np.asarray([error is not None], np.int32))).reshape(-1)
-    return [(int(p), _kv_client().blocking_key_value_get(f"scalerl/agree/{tag}/{p}", 60_000))
-            for p in np.flatnonzero(flags)]
+    client = _kv_client()
+    client.key_value_set(f"scalerl/agree/{tag}/{jax.process_index()}", json.dumps(error))
+    out = []
+    for p in range(jax.process_count()):
+        reason = json.loads(client.blocking_key_value_get(f"scalerl/agree/{tag}/{p}", int(timeout_s * 1000)))
+        if reason is not None:
+            out.append((p, reason))
+    return out

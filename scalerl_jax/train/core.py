@@ -30,15 +30,21 @@ from scalerl_jax import distributed as dist
 from scalerl_jax import sharding as shd
 from scalerl_jax.checkpoint import RunCheckpointer
 from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.models.hf_sharded import ReadStats
 from scalerl_jax.train.optim import make_optimizer
 from scalerl_jax.train.rl import rl_loss
 from scalerl_jax.train.rl_batch import build_train_batch
-from scalerl_jax.train.step import TrainState, init_train_state, jit_train_step, make_train_step, state_shardings
+from scalerl_jax.train.state_init import init_sharded_state
+from scalerl_jax.train.step import TrainState, jit_train_step, make_train_step, state_shardings
 
 
 class TrainerCore:
     def __init__(self, exp: ExperimentConfig, params: Any, *, seq_len: int, pad_id: int, run_dir: str | Path,
-                 channel: dist.Channel | None = None, log=print) -> None:
+                 channel: dist.Channel | None = None, log=print, resume: bool = False) -> None:
+        """``params``: the base weights, an HF checkpoint directory (read per shard) or a pytree of arrays. With
+        ``resume`` and checkpoints on disk, the newest one that restores becomes the state (``self.restored`` =
+        (step, extras)) and the base weights are never read; when checkpoints exist and none restores, a
+        :class:`~scalerl_jax.checkpoint.ResumeError` names each one and why."""
         self.exp, self.log = exp, log
         self.channel = channel
         self.multi = jax.process_count() > 1
@@ -54,11 +60,14 @@ class TrainerCore:
         self.batch_sh = shd.batch_shardings(dummy, self.mesh)
         self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
         self.ckpt = RunCheckpointer(Path(run_dir) / "checkpoints", keep=self.tcfg.keep_checkpoints)
-        init = init_train_state(jax.tree.map(jnp.asarray, params), self.optimizer)
-        if self.multi:
-            self.state: TrainState = dist.put_global(jax.device_get(init), self.state_sh)
+        self.read_stats = ReadStats()  # the base weights' bytes this process read (its own shards only)
+        self.restored: tuple[int, dict[str, Any]] | None = None
+        self.state: TrainState
+        steps = self._checkpoint_steps() if resume else []
+        if steps:
+            self.restored = self._restore(steps)
         else:
-            self.state = jax.device_put(init, self.state_sh)
+            self.state = init_sharded_state(params, self.mcfg, self.optimizer, self.state_sh, stats=self.read_stats)
 
     def _send(self, cmd: str, meta: dict[str, Any] | None = None, arrays: dict[str, np.ndarray] | None = None):
         if self.channel is not None:
@@ -66,15 +75,21 @@ class TrainerCore:
 
     # ---- the commands (the leader calls them; followers run them from follow()) ----
 
-    def restore(self) -> tuple[int, dict[str, Any]] | None:
-        """Restore the newest usable checkpoint into the state; (step, extras) or None. Every process calls it
-        at start-up (followers from :func:`follow_leader`), so it is not a command."""
+    def _checkpoint_steps(self) -> list[int]:
+        """The checkpoint steps on disk as the leader sees them (every process tries the same ones, in order)."""
+        steps = self.ckpt.steps()
+        if self.multi:
+            steps = dist.leader_json("checkpoint_steps", steps)
+        return steps
+
+    def _restore(self, steps: list[int]) -> tuple[int, dict[str, Any]]:
+        """Restore the newest of ``steps`` that restores cleanly in every process; (step, extras). Every process
+        runs it at start-up (followers from :func:`follow_leader`); they agree after each attempt, so one process's
+        read error moves all of them to the previous checkpoint together, never into a collective alone."""
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                 self.abstract_state, self.state_sh)
-        restored = self.ckpt.restore_latest(abstract)
-        if restored is None:
-            return None
-        step, self.state, extras = restored
+        agree = (lambda tag, err: dist.agree(f"restore/{tag}", err)) if self.multi else None
+        step, self.state, extras = self.ckpt.restore_latest(abstract, steps=steps, agree=agree)
         return step, extras
 
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -157,7 +172,6 @@ def follow_leader(log=print) -> None:
     """A follower's whole run: wait for the leader's start message, load the same base weights, build the core,
     restore like the leader does, then run its commands until it stops."""
     from scalerl_jax.config import from_dict
-    from scalerl_jax.models.hf_io import load_hf_checkpoint
 
     channel = dist.Channel()
     cmd, meta, _ = channel.recv()
@@ -168,11 +182,10 @@ def follow_leader(log=print) -> None:
     if cmd != "start":
         raise RuntimeError(f"expected the leader's start message, got {cmd!r}")
     exp = from_dict(ExperimentConfig, meta["exp"])
-    params, _ = load_hf_checkpoint(meta["base_dir"], param_dtype=exp.model.param_dtype)
-    core = TrainerCore(exp, params, seq_len=meta["seq_len"], pad_id=meta["pad_id"], run_dir=exp.out_dir, log=log)
+    # the base weights: this process reads only the blocks its own devices hold
+    core = TrainerCore(exp, meta["base_dir"], seq_len=meta["seq_len"], pad_id=meta["pad_id"], run_dir=exp.out_dir,
+                       log=log, resume=meta["resume"])
     try:
-        if meta["resume"]:
-            core.restore()
         log(f"[dist] process {jax.process_index()}: following the leader ({core.mesh.devices.size} devices in the "
             "mesh)")
         core.follow(channel)

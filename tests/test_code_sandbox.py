@@ -12,6 +12,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -360,3 +361,59 @@ def test_real_presets_refuse_to_run_code_without_bubblewrap(monkeypatch):
     monkeypatch.setattr(sb, "find_bwrap", lambda: "/bin/false")  # a machine where bubblewrap cannot start
     with pytest.raises(SandboxError, match="bwrap"):
         Sandbox(SandboxConfig(isolation=build_plan("8b").exp.sandbox.isolation))
+
+
+def test_a_trainer_killed_mid_run_leaves_no_sandboxed_process():
+    """A trainer process runs a program with a daemon under each isolation (bwrap, rlimits, rlimits without
+    namespaces) at once and is SIGKILLed mid-run: nothing of the runs may survive it."""
+    marker = f"orph{secrets.token_hex(3)}"
+    trainer = textwrap.dedent("""
+        import sys, threading
+        import scalerl_jax.rewards.sandbox as sb
+        from scalerl_jax.rewards.code_types import SandboxConfig
+        boxes = {}
+        for mode in ("bwrap", "rlimits", "rlimits-nons"):
+            sb.NAMESPACES = mode != "rlimits-nons"
+            try:
+                boxes[mode] = sb.Sandbox(SandboxConfig(isolation=mode.split("-")[0], timeout_s=60, cpu_s=60))
+            except sb.SandboxError:
+                pass
+        print(" ".join(boxes), flush=True)
+        for k, (mode, box) in enumerate(boxes.items()):
+            prog = sys.argv[1].replace("NAME", f"{sys.argv[2]}{k}")
+            threading.Thread(target=box.run, args=(prog, "pass\\n")).start()
+        """)
+    prog = ("import ctypes, os, time\nctypes.CDLL(None).prctl(15, b'NAME', 0, 0, 0)\nif os.fork() == 0:\n"
+            "    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", trainer, prog, marker], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        modes = proc.stdout.readline().split()
+        assert "rlimits" in modes and "rlimits-nons" in modes, proc.communicate(timeout=60)[1][-2000:]
+        deadline = time.monotonic() + 30
+        while len(_named_prefix(marker)) < 2 * len(modes) and time.monotonic() < deadline:  # programs and daemons
+            time.sleep(0.05)
+        assert len(_named_prefix(marker)) == 2 * len(modes), f"not all started: {_named_prefix(marker)}"
+    finally:
+        proc.kill()  # SIGKILL: the trainer cleans up nothing itself
+        proc.wait()
+    deadline = time.monotonic() + 5.0
+    while _named_prefix(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _named_prefix(marker), f"left behind (by mode index, {modes}): {_named_prefix(marker)}"
+
+
+def _named_prefix(prefix: str) -> list[str]:
+    """Names of live, non-zombie processes whose name starts with ``prefix``."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(prefix):
+                with open(f"/proc/{d}/stat") as g:
+                    if g.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        out.append(name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

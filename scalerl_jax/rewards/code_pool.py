@@ -1,7 +1,7 @@
 """A bounded pool of sandbox workers, so code rewards run beside generation and no program stalls a batch.
 
 Each worker is a thread that drives one sandboxed run at a time (:meth:`Sandbox.run
-<scalerl_jax.rewards.sandbox.Sandbox.run>`: a launcher process, bubblewrap, the harness); the thread only waits
+<scalerl_jax.rewards.sandbox.Sandbox.run>`: the program's and the tests' sandboxed processes); the thread only waits
 on pipes, so the GIL is free for the trainer while programs run. At most ``config.workers`` programs run at once,
 and each carries its own wall clock, so a program that never ends holds one worker for ``timeout_s`` and the rest
 of the batch flows past it. :meth:`CodePool.submit` returns a future right away (score completions as they arrive

@@ -85,18 +85,16 @@ class CodeResult:
 def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, rc: int, isolation: str,
                  cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
     """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
-    ``"output"``, ``"memory"`` or ``"flood"``, a program writing into the verdict pipe), else the harness's
-    ``(reason, detail)`` verdict, else a sandbox that never started (``sandbox_error``), else how the run ended
-    (``rc``: the exit status of bubblewrap or the fallback launcher, ``128 + signal`` for a signal, ``124`` for the
-    launcher's own clock)."""
+    ``"output"`` or ``"memory"``), else the tests process's ``(reason, detail)`` verdict, else a sandbox that never
+    started (``sandbox_error``), else how the process ended (``rc``: the exit status of bubblewrap or the rlimits
+    launcher, ``128 + signal`` for a signal, ``124`` for the launcher's own clock)."""
 
     def result(reason: str, detail: str) -> CodeResult:
         return CodeResult(reason == "passed", reason, seconds, detail, isolation, stdout, stderr)
 
     limits = {"timeout": ("timeout", f"over the {cfg.timeout_s:g} s wall clock"),
               "output": ("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr"),
-              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together"),
-              "flood": ("crash", "the program wrote into the harness's verdict pipe")}
+              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together")}
     if killed is not None:
         return result(*limits[killed])
     if verdict is not None:

@@ -20,9 +20,10 @@ uid (:func:`_uid_pool`), then
 - ``rlimits``: forks the interpreter itself as the init of a new pid namespace and in a new network namespace (root
   makes both; anyone else needs unprivileged user namespaces), confined by Landlock (reads: the interpreter, the
   system libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets
-  outside its domain), and kills its whole process tree on every exit path: the pid namespace's end, then a sweep of
-  its descendants (it is their child subreaper), also when the trainer asks with SIGTERM or dies. Without a network
-  namespace or Landlock's network rules the mode refuses to start.
+  outside its domain) and a seccomp filter under which ``socket()`` fails, and kills its whole process tree on every
+  exit path: reaping the pid namespace's init, else a sweep of its descendants (it is their child subreaper), also
+  when the trainer asks with SIGTERM or dies (:mod:`scalerl_jax.rewards.launcher`). Without a network namespace or
+  the socket filter the mode refuses to start.
 
 Both run under rlimits (CPU, address space, processes, file size, open files, no core). From outside, the trainer
 enforces the wall clock, caps stdout/stderr and samples the resident memory of both process trees.

@@ -32,10 +32,10 @@ def _rows(out: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["kind"] == kind]
 
 
-def _args(smoke_run: Path, out: Path, *extra: str) -> list[str]:
+def _args(smoke_run: Path, out: Path, *extra: str, fit: bool = False) -> list[str]:
     return ["experiments.math_8b", "--preset", "smoke", "--model", str(smoke_run / "warmstart"), "--out", str(out),
             "--variant", "ppo_off_policy", "--set", "rollout.k=2", "--set", "train.eval_every=100", "--set",
-            "data.val_size=32", "--set", "train.eval_samples=2", "--no-fit", *extra]
+            "data.val_size=32", "--set", "train.eval_samples=2", *(() if fit else ("--no-fit",)), *extra]
 
 
 def _env(devices: int) -> dict[str, str]:
@@ -58,10 +58,14 @@ def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
 @pytest.mark.slow
 def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
-    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2"))
+    # with the fit and the report on: the follower leaves only after the leader has written them
+    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2", fit=True))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "[dist] process 0 of 2: 2 local and 4 global devices" in r.stdout
     assert "[p1] [dist] process 1: following the leader (4 devices in the mesh)" in r.stdout
+    assert (two / "report.md").exists() and "fit" in json.loads((two / "summary.json").read_text())
+    out = r.stdout
+    assert out.index("[run] fitting the sigmoid law") < out.index("[p1] [math_8b] process 1 done"), out[-3000:]
     r1 = subprocess.run([sys.executable, "-m", *_args(smoke_run, one, "--steps", "4", "--set",
                                                        "train.checkpoint_every=2")],
                         cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)

@@ -109,7 +109,7 @@ class JaxEngine:
     to make a swap deterministic, the server parks in it to pause in place.
     """
 
-    def __init__(self, model_cfg: ModelConfig, params: Params, *, max_batch: int, max_len: int,
+    def __init__(self, model_cfg: ModelConfig, params: Params | None, *, max_batch: int, max_len: int,
                  decode_chunk: int = 8, seed: int = 0, version: int = 0):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
@@ -122,7 +122,8 @@ class JaxEngine:
         self.max_len = int(max_len)
         self.decode_chunk = int(decode_chunk)
         self.chunk_hook: Callable[[int], None] | None = None
-        self._params = self._prepare_params(params)
+        # None: no weights until the first update_weights (a run's trainer pushes its state's params at start)
+        self._params = None if params is None else self._prepare_params(params)
         self._version = int(version)
         self._pending: tuple[Params, int] | None = None
         # _lock guards the weights, the waiting queue, the RNGs, the counters and the busy/abort bookkeeping; the
@@ -202,6 +203,8 @@ class JaxEngine:
     def _install_pending(self) -> tuple[Params, int]:
         if self._pending is not None:
             (self._params, self._version), self._pending = self._pending, None
+        if self._params is None:
+            raise RuntimeError("JaxEngine: no weights yet (built with params=None; call update_weights first)")
         return self._params, self._version
 
     def reseed(self, seed: int) -> None:

@@ -130,8 +130,18 @@ class TrainerCore:
             self.channel.send("stop", {"error": error})
         self.channel = None
 
+    def finish(self) -> None:
+        """The run's training is over: every process closes its checkpointer (orbax's last saves finish together),
+        and the followers keep waiting for the final "stop", which the leader sends after its fit and report (a
+        follower that left earlier would reach JAX's shutdown barrier while the leader still writes)."""
+        self._send("close")
+        self.channel = None
+        self.close()
+
     def close(self) -> None:
-        self.ckpt.close()
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.ckpt.close()
 
     # ---- the follower's side ----
 
@@ -147,6 +157,8 @@ class TrainerCore:
                 self.ckpt.save(meta["step"], self.state, meta["extras"])
             elif cmd == "wait":
                 self.ckpt.wait()
+            elif cmd == "close":  # training is over; the leader fits and reports, then says stop
+                self.close()
             elif cmd == "stop":
                 if meta.get("error"):
                     raise RuntimeError(f"the leader (process 0) stopped the run: {meta['error']}")

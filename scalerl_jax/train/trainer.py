@@ -102,20 +102,20 @@ class RLTrainer:
                                              prompts_per_batch=0, length=length, bos_id=bos_id)
         # the device side (global mesh, sharded state, jitted step, checkpoints); with a channel, every call is
         # mirrored on the follower processes of a multi-process run
+        # (with resume and checkpoints on disk, the newest that restores; none restoring stops the run here, before
+        # metrics.jsonl is opened, so nothing is lost)
         self.core = TrainerCore(exp, params, seq_len=seq_len, pad_id=pad_id, run_dir=self.run_dir, channel=channel,
-                                log=log)
+                                log=log, resume=resume)
         offset = None
         self.resumed_from = None
-        if resume:
-            restored = self.core.restore()
-            if restored is not None:
-                step, extras = restored
-                self._load_extras(extras)
-                offset = extras["metrics_offset"]
-                self.resumed_from = step
-                log(f"[rl] resumed from checkpoint step {step} ({self.run_dir / 'checkpoints'})")
-            else:
-                log("[rl] --resume: no usable checkpoint found, starting from the initial weights")
+        if self.core.restored is not None:
+            step, extras = self.core.restored
+            self._load_extras(extras)
+            offset = extras["metrics_offset"]
+            self.resumed_from = step
+            log(f"[rl] resumed from checkpoint step {step} ({self.run_dir / 'checkpoints'})")
+        elif resume:
+            log("[rl] --resume: no checkpoint on disk, starting from the initial weights")
         self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
         self.version = int(self.state.step)
         self._push_weights()
@@ -336,9 +336,14 @@ class RLTrainer:
         self._push_weights()
 
     def close(self, error: str | None = None) -> None:
-        """Release the followers of a multi-process run (with ``error``: they exit non-zero), then close."""
+        """Close the checkpoints and metrics. A multi-process run's followers: with ``error`` they are released and
+        exit non-zero; without, they close their checkpoints too and wait for the leader's final "stop" (sent by
+        :func:`experiments.run_path.run_experiment` after the fit and the report)."""
         try:
-            self.core.stop(error)
+            if error is not None:
+                self.core.stop(error)
+            else:
+                self.core.finish()
         finally:
             self.core.close()
             self.metrics.close()

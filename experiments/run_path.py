@@ -368,11 +368,14 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
         return {"ok": True, "follower": True, "process": jax.process_index()}
     channel = dist.Channel() if dist.process_count() > 1 else None
     try:
-        return _lead(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel, overwrite=overwrite)
+        out = _lead(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel, overwrite=overwrite)
     except BaseException as e:
         if channel is not None and not channel.closed:  # followers still waiting: release them with the reason
             channel.send("stop", {"error": f"{type(e).__name__}: {e}"})
         raise
+    if channel is not None and not channel.closed:  # only now, after the fit and the report: the followers leave
+        channel.send("stop", {"error": None})
+    return out
 
 
 def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,

@@ -6,9 +6,14 @@ Launch::
     python -m experiments.loo --preset tiny --seeds 3 --variants scalerl no_npr bf16_head
     python -m experiments.loo --preset smoke --variants scalerl ppo_off_policy --out runs/loo_smoke
     python -m experiments.loo --preset tiny --variants scalerl dapo --set train.lr=1e-4 --out runs/loo_lr1e-4
+    python -m experiments.loo --preset small --model DIR --data FILE.jsonl --generators 2 --variants scalerl gspo
 
-Runs go one after another into ``<out>/<variant>_s<seed>``; a run whose summary.json exists is skipped, and a
-run that was interrupted resumes from its checkpoint, so the command can simply be re-issued. All variants of one
+``--model``, ``--data``, ``--sglang-urls`` and ``--generators`` act as in ``experiments.math_8b``: every variant is a
+run of the same path on that base model and data. Runs go one after another into ``<out>/<variant>_s<seed>``. A run
+there is reused only when its config.json equals the planned one (:func:`config_differences`): a finished run is
+skipped and an interrupted one resumes from its checkpoint, so the command can simply be re-issued; a run of another
+config (``--steps``, ``--set``, another ``--model``) is moved to ``<out>/superseded/`` and run again, and the
+command says which fields differ. With a preset's own base model, all variants of one
 seed start RL from one supervised warm start, ``<out>/warmstart_s<seed>`` (trained once; the paper's variants
 likewise share a base model), so only the RL differs between them. At the end the
 sigmoid law is fitted to every run (on its whole compute) and
@@ -33,11 +38,12 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from experiments.common import Flattened, cli_error, parse_cli, preset_help
-from experiments.math_8b import VariantName, first_pass
+from experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
+from experiments.math_8b import VariantName, apply_run_flags, first_pass
+from experiments.numerics import NUMERICS
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from experiments.run_path import run_experiment
-from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.config import ConfigError, ExperimentConfig
 
 ComputeKey = Literal["flops", "device_hours"]
 
@@ -58,6 +64,15 @@ class LooArgs:
     """output directory (default runs/loo_<preset>)"""
     steps: int | None = None
     """RL steps per run (overrides the preset)"""
+    model: str | None = None
+    """HF checkpoint dir of the base model every run starts from (no warm start), as in experiments.math_8b"""
+    data: str | None = None
+    """jsonl training data of every run (question/answer rows), as in experiments.math_8b"""
+    sglang_urls: Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="URL [URL ...]")] = None
+    """generate with these SGLang servers (or one sglang-router URL in front of them), one run after another"""
+    generators: Annotated[int | None, tyro.conf.arg(metavar="N")] = None
+    """each run starts N local SGLang-API servers behind a real sglang-router and stops them at its end; 0: the
+    embedded in-process engine"""
     compute_key: tuple[ComputeKey, ...] = ("flops", "device_hours")
     """compute axes to compare on; the first goes to <out>/comparison, others to <out>/comparison_<key>. FLOPs (train
     + generation) are counted, so they do not depend on how loaded the machine was; device-hours (wall time minus
@@ -92,11 +107,81 @@ def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tupl
             plan = build_plan(preset or "tiny", variant, seed=seed)
             args = parse_cli(LooArgs, LooArgs(preset=preset or "tiny", exp=plan.exp), argv, prog=prog,
                              description=description)
-            exp = args.exp
-            if args.steps:
-                exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
-            plans[variant, seed] = dataclasses.replace(plan, exp=exp)
+            plans[variant, seed] = apply_run_flags(plan, args, prog)
     return args, plans
+
+
+def config_differences(plan: ExperimentPlan, written: dict[str, Any]) -> list[str]:
+    """Where a run's ``config.json`` (``written``) differs from what ``plan`` decides: one ``"field: ran X, planned
+    Y"`` per differing field, none when the run is the planned one. Every config field is compared except the ones
+    the plan does not decide: ``out_dir`` (where the run is), the model's architecture (it comes from the base
+    checkpoint, compared as ``base_model`` when the plan names one; of ``model`` the numerics the preset decides are
+    compared, :data:`~experiments.numerics.NUMERICS`), ``data.path`` when the preset supplies its own data, and a
+    planned ``"auto"`` (measured from the data by the run). Keys only the run writes (``sandbox_active``) are
+    ignored."""
+    planned = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
+    planned.pop("out_dir", None)
+    planned["model"] = {k: v for k, v in planned["model"].items() if k in NUMERICS}
+    if not planned["data"].get("path"):
+        planned["data"].pop("path", None)
+    if plan.base_model:
+        planned["base_model"] = str(Path(plan.base_model).resolve())
+        if isinstance(written.get("base_model"), str):
+            written = {**written, "base_model": str(Path(written["base_model"]).resolve())}
+    diffs: list[str] = []
+
+    def walk(p: Any, w: Any, path: str) -> None:
+        if isinstance(p, dict):
+            for k, v in p.items():
+                walk(v, w.get(k, _MISSING) if isinstance(w, dict) else _MISSING, f"{path}.{k}" if path else k)
+        elif p != w and p != "auto":
+            diffs.append(f"{path}: ran {'nothing (absent)' if w is _MISSING else _short(w)}, planned {_short(p)}")
+
+    walk(planned, written, "")
+    return diffs
+
+
+_MISSING = object()
+
+
+def _short(v: Any, n: int = 160) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def run_state(run_dir: Path, plan: ExperimentPlan) -> tuple[str, list[str]]:
+    """What the study does with ``run_dir`` for ``plan``: ``("finished", [])`` reuses a finished run of the same
+    config, ``("resume", [])`` continues an unfinished one from its checkpoints, ``("fresh", [])`` starts one
+    (nothing there, or a run of the same config killed before its first checkpoint), ``("replace", why)`` starts
+    over after moving aside a run of another config (``why``: :func:`config_differences`, or that there is no
+    config.json to compare)."""
+    from experiments.run_path import RUN_OUTPUTS, checkpoint_steps_on_disk
+
+    cfg = run_dir / "config.json"
+    if not cfg.is_file():
+        held = [n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+        return ("replace", [f"it holds {', '.join(held)} but no config.json to compare"]) if held else ("fresh", [])
+    try:
+        written = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return "replace", [f"{cfg} is unreadable ({e})"]
+    diffs = config_differences(plan, written) if isinstance(written, dict) else [f"{cfg} is not a JSON object"]
+    if diffs:
+        return "replace", diffs
+    if (run_dir / "summary.json").exists():
+        return "finished", []
+    return ("resume" if checkpoint_steps_on_disk(run_dir) else "fresh"), []
+
+
+def _move_aside(run_dir: Path, into: Path) -> Path:
+    """Move ``run_dir`` to ``into/<name>.<k>`` (the first free k from 1): a replaced run is kept, never deleted."""
+    into.mkdir(parents=True, exist_ok=True)
+    k = 1
+    while (into / f"{run_dir.name}.{k}").exists():
+        k += 1
+    dest = into / f"{run_dir.name}.{k}"
+    run_dir.rename(dest)
+    return dest
 
 
 def _variant_seed(run_dir) -> tuple[str, str]:
@@ -284,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps({f"{v}_s{s}": dataclasses.asdict(p.exp) for (v, s), p in plans.items()}, indent=2))
         return 0
+    from scalerl_jax.checkpoint import ResumeError
+
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
     run_dirs = []
@@ -292,15 +379,30 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             run_dir = out / f"{variant}_s{seed}"
             run_dirs.append(run_dir)
-            if (run_dir / "summary.json").exists():
-                print(f"[loo] {run_dir.name}: finished earlier, skipping")
-                continue
             plan = plans[variant, seed]
             plan = dataclasses.replace(plan, exp=dataclasses.replace(plan.exp, out_dir=str(run_dir)))
+            state, why = run_state(run_dir, plan)
+            if state == "finished":
+                print(f"[loo] {run_dir.name}: finished earlier with the same config, skipping")
+                continue
+            if state == "replace":
+                moved = _move_aside(run_dir, out / "superseded")
+                print(f"[loo] {run_dir.name}: the run there differs from the planned one ({'; '.join(why)}); moved "
+                      f"it to {moved} and running it again", flush=True)
             print(f"[loo] running {run_dir.name} ({time.time() - t0:.0f}s elapsed)", flush=True)
-            # every variant of one seed starts RL from the same supervised warm start (trained once, by the first)
-            run_experiment(plan, resume=(run_dir / "checkpoints").exists(), fit=False,
-                           warm_dir=out / f"warmstart_s{seed}")
+            # every variant of one seed starts RL from the same supervised warm start (trained once, by the first);
+            # an unfinished run of the same config continues from its last checkpoint, one killed before its first
+            # starts over
+            try:
+                run_experiment(plan, resume=state == "resume", fit=False, overwrite=True,
+                               warm_dir=out / f"warmstart_s{seed}")
+            except ConfigError as e:
+                print(f"[loo] {run_dir.name}: error: {e}", file=sys.stderr)
+                return 2
+            except ResumeError as e:
+                print(f"[loo] {run_dir.name}: error: resuming its checkpoints: {e}; move {run_dir} aside to start "
+                      "it over", file=sys.stderr)
+                return 1
     # a first-part fit (--fit-until 0.5) gets folders of its own, so it does not overwrite the whole-run comparison
     tail = "" if args.fit_until == 1 else f"_until{args.fit_until:g}"
     dirs = [out / (f"comparison{tail}" if i == 0 else f"comparison{tail}_{key}")
@@ -311,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     (dirs[0] / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
                                                           "seconds": time.time() - t0}, indent=2))
     print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {dirs[0] / 'comparison.md'}")
+    if not summary["runs"]:
+        print("[loo] no run could be fitted (each needs 5 evals in its fit window); comparison.md says why per run",
+              file=sys.stderr)
     return 0 if summary["runs"] else 1
 
 

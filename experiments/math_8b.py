@@ -133,6 +133,33 @@ def parse_run_args(argv: list[str], preset: str, variant: str, seed: int, *, pre
     return parse_cli(RunArgs, default, argv, prog=prog, description=description), plan
 
 
+def apply_run_flags(plan: ExperimentPlan, args: Any, prog: str) -> ExperimentPlan:
+    """``plan`` with the parsed config ``args.exp`` and the run flags every entry point shares applied to it:
+    ``--steps``, ``--data``, ``--sglang-urls``, ``--generators`` and ``--model`` (the base model). ``args`` is any
+    parsed flags object with those fields (:class:`RunArgs`, ``experiments.loo.LooArgs``); a bad combination exits
+    with status 2."""
+    exp = args.exp
+    if args.sglang_urls and args.generators is not None:
+        cli_error(prog, "give --sglang-urls (an existing fleet) or --generators N (start one), not both")
+    if args.generators is not None and args.generators < 0:
+        cli_error(prog, f"--generators must be >= 0, got {args.generators}")
+    try:
+        if args.steps is not None:
+            exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
+        if args.data:
+            exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
+        if args.sglang_urls:
+            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
+                exp.rollout, engine="sglang", local_servers=0, sglang_urls=tuple(args.sglang_urls)))
+        if args.generators is not None:
+            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
+                exp.rollout, engine="sglang" if args.generators else "embedded", sglang_urls=(),
+                local_servers=args.generators))
+    except ConfigError as e:
+        cli_error(prog, str(e))
+    return dataclasses.replace(plan, exp=exp, base_model=args.model or plan.base_model)
+
+
 def _on_accelerators() -> bool:
     import jax
 
@@ -161,28 +188,10 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
         preset = real_preset if _on_accelerators() else cpu_preset
         if preset != cpu_preset:
             args, plan = parse_run_args(argv, preset, variant, seed, presets=presets, prog=prog, doc=doc)
-    exp = args.exp
-    if args.sglang_urls and args.generators is not None:
-        cli_error(prog, "give --sglang-urls (an existing fleet) or --generators N (start one), not both")
-    if args.generators is not None and args.generators < 0:
-        cli_error(prog, f"--generators must be >= 0, got {args.generators}")
-    try:
-        if args.steps is not None:
-            exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, steps=args.steps))
-        if args.data:
-            exp = dataclasses.replace(exp, data=dataclasses.replace(exp.data, source="jsonl", path=args.data))
-        if args.sglang_urls:
-            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
-                exp.rollout, engine="sglang", local_servers=0, sglang_urls=tuple(args.sglang_urls)))
-        if args.generators is not None:
-            exp = dataclasses.replace(exp, rollout=dataclasses.replace(
-                exp.rollout, engine="sglang" if args.generators else "embedded", sglang_urls=(),
-                local_servers=args.generators))
-    except ConfigError as e:
-        cli_error(prog, str(e))
-    out = args.out or exp.out_dir
-    exp = dataclasses.replace(exp, out_dir=out)
-    plan = dataclasses.replace(plan, exp=exp, base_model=args.model or plan.base_model)
+    plan = apply_run_flags(plan, args, prog)
+    out = args.out or plan.exp.out_dir
+    exp = dataclasses.replace(plan.exp, out_dir=out)
+    plan = dataclasses.replace(plan, exp=exp)
     if args.print_config:
         print(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
         return 0

@@ -1,4 +1,5 @@
-"""experiments.loo: variants share one warm start per seed, finished runs are skipped, the report compares them."""
+"""experiments.loo: variants share one warm start per seed, finished runs of the planned config are skipped (others
+run again), a user's own model and data run every variant, the report compares them."""
 
 import dataclasses
 import json
@@ -75,7 +76,7 @@ def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, mo
     # re-issuing the command runs nothing again
     assert loo.main(["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out)]) == 0
     again = capsys.readouterr().out
-    assert again.count("finished earlier, skipping") == 2 and "warm start" not in again
+    assert again.count("finished earlier with the same config, skipping") == 2 and "warm start" not in again
 
 
 def _write_curve(run_dir, A, B=1.5, c_mid=0.02, r0=0.3, n=16, noise=0.0, seed=0):
@@ -192,3 +193,86 @@ def test_compare_averages_seeds_and_scores_half_compute_predictions(tmp_path):
             assert float(cells[3]) == pytest.approx(last[name], abs=1e-3)  # observed = the last eval written
             assert abs(float(cells[4])) < 0.05  # a clean sigmoid past its midpoint extrapolates well
     assert "| scalerl | 2 |" in text and "| gspo | 2 |" in text
+
+
+def _micro_own_plan(seed: int = 0):
+    """The micro recipe on a user's model and data (--model, --data): short budgets, no length control. A random
+    model solves nothing, so zero-variance groups are kept: every batch then updates (with zero advantages)."""
+    p = _micro_plan(seed)
+    e = p.exp
+    exp = R(e, data=R(e.data, template="{question}", val_size=8), loss=R(e.loss, filter_zero_variance=False),
+            rollout=R(e.rollout, max_prompt_len=28, max_new_tokens=12, length=R(e.rollout.length, kind="none")),
+            train=R(e.train, eval_every=1, eval_samples=1, checkpoint_every=100))
+    return R(p, exp=exp)
+
+
+@pytest.fixture(scope="module")
+def own_base(tmp_path_factory):
+    """A random transformers Llama beside a BPE tokenizer trained on its data, and that data as jsonl."""
+    from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
+    from scalerl_jax.data.word_arith import word_arith_rows, write_jsonl
+    from tests.hf_models import make_hf_llama
+
+    d = tmp_path_factory.mktemp("own")
+    rows = word_arith_rows(48, seed=0)
+    data = write_jsonl(rows, d / "questions.jsonl")
+    model_dir = train_bpe_tokenizer([r["question"] + " " + r["answer"] for r in rows], d / "model", vocab_size=512)
+    from scalerl_jax.data.tokenizer import HFTokenizer
+
+    make_hf_llama(model_dir, vocab=HFTokenizer(str(model_dir)).vocab_size, hidden=32, layers=2, heads=2,
+                  kv_heads=1, ffn=64, llama3_rope=False)
+    return model_dir, data
+
+
+@pytest.mark.slow  # 4 short runs (about 50 s of CPU; 2-3 minutes on a loaded 2-core machine)
+def test_loo_on_your_own_model_reruns_a_run_whose_config_changed(own_base, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(presets.PRESETS, "micro", _micro_own_plan)
+    model_dir, data = own_base
+    out = tmp_path / "loo"
+    cmd = ["--preset", "micro", "--model", str(model_dir), "--data", str(data), "--variants", "scalerl", "gspo",
+           "--seeds", "1", "--out", str(out)]
+    # 2 steps give 3 evals: too few to fit, which the exit status and the table say (the runs themselves finished)
+    assert loo.main([*cmd, "--steps", "2"]) == 1
+    first = capsys.readouterr().out
+    assert "warm start" not in first and first.count("[loo] running") == 2
+    for name, loss in (("scalerl_s0", "cispo"), ("gspo_s0", "gspo")):
+        cfg = json.loads((out / name / "config.json").read_text())
+        assert cfg["loss"]["kind"] == loss and cfg["train"]["steps"] == 2 and cfg["data"]["path"] == str(data)
+        assert cfg["base_model"] == str(model_dir) and cfg["model"]["d_model"] == 32  # the checkpoint's shape
+        assert json.loads((out / name / "summary.json").read_text())["run"]["steps"] == 2
+    assert "not fitted: 3 evals in the fit window, need 5" in (out / "comparison" / "comparison.md").read_text()
+    # the same command again reuses both; another --steps reruns both, keeping the earlier runs
+    assert loo.main([*cmd, "--steps", "2"]) == 1
+    assert capsys.readouterr().out.count("finished earlier with the same config, skipping") == 2
+    assert loo.main([*cmd, "--steps", "3"]) == 1
+    again = capsys.readouterr().out
+    assert again.count("train.steps: ran 2, planned 3") == 2 and again.count("[loo] running") == 2
+    for name in ("scalerl_s0", "gspo_s0"):
+        assert json.loads((out / name / "summary.json").read_text())["run"]["steps"] == 3
+        kept = out / "superseded" / f"{name}.1"
+        assert json.loads((kept / "summary.json").read_text())["run"]["steps"] == 2
+
+
+def test_config_differences_compare_what_the_plan_decides(tmp_path):
+    """config.json as the run writes it: the checkpoint's architecture, the base model, sandbox_active."""
+    from experiments.numerics import model_from_checkpoint
+    from scalerl_jax.models import tiny
+
+    plan = R(build_plan("smoke", "scalerl", seed=0), base_model=str(tmp_path / "model"))
+    plan = R(plan, exp=R(plan.exp, out_dir=str(tmp_path / "scalerl_s0")))
+    ckpt = R(tiny(), d_model=48, n_layers=3, vocab_size=300)
+    exp = R(plan.exp, model=model_from_checkpoint(plan.exp.model, ckpt))
+    written = {**json.loads(json.dumps(dataclasses.asdict(exp), default=str)), "base_model": str(tmp_path / "model"),
+               "sandbox_active": {"isolation": "unused (no code prompts)"}}
+    assert loo.config_differences(plan, written) == []
+    assert loo.config_differences(R(plan, exp=R(plan.exp, out_dir="elsewhere")), written) == []  # where, not what
+    other = R(plan, exp=R(plan.exp, train=R(plan.exp.train, steps=7, lr=1e-3)))
+    assert loo.config_differences(other, written) == [f"train.lr: ran {plan.exp.train.lr}, planned 0.001",
+                                                      f"train.steps: ran {plan.exp.train.steps}, planned 7"]
+    bf16 = R(plan, exp=R(plan.exp, model=R(plan.exp.model, head_dtype="bfloat16")))
+    assert loo.config_differences(bf16, written) == ['model.head_dtype: ran "float32", planned "bfloat16"']
+    moved = R(plan, base_model=str(tmp_path / "other"))
+    assert loo.config_differences(moved, written) == [
+        f'base_model: ran "{tmp_path / "model"}", planned "{tmp_path / "other"}"']
+    old = {k: v for k, v in written.items() if k != "loss"}
+    assert loo.config_differences(plan, old)[0].startswith("loss.kind: ran nothing (absent), planned")

@@ -135,7 +135,7 @@ def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
     log(f"[base] supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(problems)} synthetic "
         f"{source} problems{' (half arithmetic, half code)' if code else ''}")
     params = warm_start(dataclasses.replace(exp.model, head_dtype=WARM_HEAD_DTYPE), problems, encode=tok.encode,
-                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
+                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.warm_seq_len, steps=plan.warm_steps,
                         batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
                         log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac)
     save_hf_checkpoint(params, exp.model, ws_dir)  # a real HF checkpoint: the RL run's base model
@@ -160,7 +160,7 @@ def _make_word_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
     rows = word_arith_rows(plan.n_problems, seed=exp.data.seed, b_max=plan.arith_b_max)
     data_path = write_jsonl(rows, ws_dir / "word_arith.jsonl")
     train_bpe_tokenizer(corpus(rows, exp.data.template), ws_dir, vocab_size=plan.bpe_vocab,
-                        model_max_length=plan.seq_len)
+                        model_max_length=plan.warm_seq_len)
     tok = HFTokenizer(str(ws_dir))
     mcfg = word_arith_model(plan, tok)
     # the RL run's own split of the same file: the warm start never sees a validation problem
@@ -170,7 +170,7 @@ def _make_word_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
         f"supervised warm start: {plan.warm_steps} steps x {plan.warm_batch} on {len(data.train)} problems "
         f"({mcfg.num_params() / 1e6:.2f}M parameters)")
     params = warm_start(dataclasses.replace(mcfg, head_dtype=WARM_HEAD_DTYPE), data.train, encode=tok.encode,
-                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.seq_len, steps=plan.warm_steps,
+                        eos_id=tok.eos_id, pad_id=tok.pad_id, seq_len=plan.warm_seq_len, steps=plan.warm_steps,
                         batch_size=plan.warm_batch, lr=plan.warm_lr, warmup=plan.warm_warmup, seed=exp.train.seed,
                         log=log, log_path=run_dir / "warmstart.jsonl", unmarked_frac=plan.warm_unmarked_frac,
                         unmark=box_the_product)

@@ -32,7 +32,9 @@ class ExperimentPlan:
     warm_lr: float = 3e-3
     warm_warmup: int = 50
     warm_unmarked_frac: float = 0.0  # warm-start targets that never mark a final answer (see tiny_plan)
-    seq_len: int = 40  # tokens per training row (prompt + completion)
+    #: rows of the preset's own supervised warm start (its base model; unused with --model): the preset's budgets,
+    #: fixed apart from the RL run's so that --rollout.* flags and max_prompt_len=auto reuse the same warm start
+    warm_seq_len: int = 40
     base_model: str | None = None  # HF checkpoint dir of the starting policy (--model); None: the preset makes it
     base_kind: str = "none"  # how the preset makes its base model: "char_arith", "char_chain", "word_arith"
     n_problems: int = 14400  # word_arith: problems written to the preset's jsonl; char_chain: warm-start chains
@@ -40,6 +42,17 @@ class ExperimentPlan:
     bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
     n_trainer_devices: int = 1
     variant: str = "scalerl"
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training row: ``rollout.max_prompt_len + rollout.max_new_tokens``, the one source of every
+        length the run allocates (train batch, generator KV caches). ``max_prompt_len="auto"`` is measured from
+        the data when the run loads it (:func:`experiments.budgets.resolve_prompt_budget`); before that there is
+        no row length."""
+        ro = self.exp.rollout
+        if ro.max_prompt_len == "auto":
+            raise ConfigError("rollout.max_prompt_len=auto has no value before the data is measured")
+        return ro.max_prompt_len + ro.max_new_tokens
 
 
 # ---- the command line: tyro over the frozen config dataclasses ---------------------------------------------
@@ -143,7 +156,7 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
                                     if exp.data.code_source != "none" else {}),
                                  **({"chain_depths": [exp.data.chain_depth_lo, exp.data.chain_depth_hi]}
                                     if exp.data.source == "chain" else {})},
-        "seed": exp.train.seed, "seq_len": plan.seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
+        "seed": exp.train.seed, "seq_len": plan.warm_seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
         "base_kind": plan.base_kind,
         **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab, "b_max": plan.arith_b_max,
@@ -194,10 +207,14 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                  "to the wrong one (the preset's docstring says how), so the warm-started policy often computes the "
                  "answer without committing to it: what RL has to learn." if plan.warm_unmarked_frac else ".")),
              f"- Data: {summary.get('n_train', '?')} training prompts, {summary.get('n_val', '?')} validation "
-             f"prompts ({exp.data.source}{' `' + exp.data.path + '`' if exp.data.path else ''}); prompts dropped "
-             f"as longer than the {exp.rollout.max_prompt_len}-token prompt budget: "
-             f"{summary.get('dropped_long_prompts', {}).get('train', 0)} train, "
-             f"{summary.get('dropped_long_prompts', {}).get('val', 0)} validation.",
+             f"prompts ({exp.data.source}{' `' + exp.data.path + '`' if exp.data.path else ''}); prompt budget "
+             f"{exp.rollout.max_prompt_len} tokens"
+             + (f" (rollout.max_prompt_len={summary['prompt_budget']['rule']}; the longest prompt has "
+                f"{summary['prompt_budget']['longest']} tokens)" if summary.get("prompt_budget", {}).get("rule", "set")
+                != "set" else "")
+             + f", {exp.rollout.max_new_tokens} completion tokens, training rows of {plan.seq_len} tokens; prompts "
+             f"dropped as longer than the prompt budget: {summary.get('dropped_long_prompts', {}).get('train', 0)} "
+             f"train, {summary.get('dropped_long_prompts', {}).get('val', 0)} validation.",
              "- Generators: " + (f"SGLang-API fleet ({summary.get('generator_devices', 0)} generator devices "
                                   f"counted in compute beside {summary.get('trainer_devices', 1)} trainer devices; "
                                   f"{summary.get('weight_pushes', 0)} weight pushes, last one "
@@ -279,16 +296,27 @@ def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_g
     import sys
 
     exp = plan.exp
+    from experiments.budgets import check_completion_budget, check_row_fits_model
+
     print(f"[dry-run] {exp.name}: model {exp.model.num_params() / 1e9:.2f}B params, batch "
+    try:
+        check_row_fits_model(exp)
+        check_completion_budget(exp)
+    except ConfigError as e:
+        print(f"[dry-run] error: {e}")
+        return 2
+    if exp.rollout.max_prompt_len == "auto":  # no data here: compile for the longest prompt the model's context allows
+        cap = exp.model.max_seq_len - exp.rollout.max_new_tokens
+        print(f"[dry-run] rollout.max_prompt_len=auto is measured from the data; compiling for its cap {cap} "
+              "(model.max_seq_len - rollout.max_new_tokens)")
+        plan = dataclasses.replace(plan, exp=dataclasses.replace(
+            exp, rollout=dataclasses.replace(exp.rollout, max_prompt_len=cap)))
+        exp = plan.exp
           f"{exp.rollout.prompts_per_batch} x {exp.rollout.group_size}, lr {exp.train.lr} (warm-up "
           f"{exp.train.warmup_steps}), adam eps {exp.train.adam_eps}, wd {exp.train.weight_decay}, "
           f"{exp.loss.kind} eps_max {exp.loss.eps_max}, {exp.rollout.mode}-{exp.rollout.k}, thinking budget "
           f"U[{exp.rollout.length.think_budget_lo}, {exp.rollout.length.think_budget_hi}] + "
           f"{exp.rollout.length.answer_budget} answer, seq {plan.seq_len}")
-    total = exp.rollout.length.think_budget_hi + exp.rollout.length.answer_budget + exp.rollout.max_prompt_len
-    if total > plan.seq_len:
-        print(f"[dry-run] error: prompt + thinking + answer budget = {total} > seq_len {plan.seq_len}")
-        return 2
     n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
     dp = plan.n_trainer_devices // max(exp.mesh.tensor, 1)  # batch axes: data x fsdp x expert
     if n_rows % (exp.train.microbatches * dp):

@@ -52,7 +52,7 @@ def tiny_plan(seed: int = 0) -> ExperimentPlan:
         out_dir="runs/tiny",
     )
     return ExperimentPlan(exp=exp, real=False, warm_steps=512, warm_batch=128, warm_lr=3e-3, warm_warmup=50,
-                          warm_unmarked_frac=0.6, seq_len=40, base_kind="char_arith")
+                          warm_unmarked_frac=0.6, warm_seq_len=40, base_kind="char_arith")
 
 
 SMALL_TEMPLATE = "{question} Answer in \\boxed{}."
@@ -79,7 +79,7 @@ def small_plan(seed: int = 0) -> ExperimentPlan:
             data=DataConfig(source="jsonl", path="", template=SMALL_TEMPLATE, val_size=200, seed=seed, npr=True,
                             npr_threshold=0.9),
             out_dir="runs/small")
-    return R(p, exp=exp, seq_len=68, warm_steps=384, base_kind="word_arith", n_problems=14400, arith_b_max=19,
+    return R(p, exp=exp, warm_seq_len=68, warm_steps=384, base_kind="word_arith", n_problems=14400, arith_b_max=19,
              bpe_vocab=512)
 
 
@@ -111,7 +111,7 @@ def tiny_mathcode_plan(seed: int = 0) -> ExperimentPlan:
             data=R(p.exp.data, val_size=100, code_source="synthetic", code_weight=0.5, code_val_size=100),
             train=R(p.exp.train, steps=96, eval_every=6, checkpoint_every=48),
             out_dir="runs/tiny_mathcode")
-    return R(p, exp=exp, seq_len=51, warm_steps=512, base_kind="char_mathcode")
+    return R(p, exp=exp, warm_seq_len=51, warm_steps=512, base_kind="char_mathcode")
 
 
 def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
@@ -143,7 +143,7 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
                             seed=seed, npr=True, npr_threshold=0.9),
             train=R(p.exp.train, steps=96, eval_every=4, checkpoint_every=24),
             out_dir="runs/tiny_chain")
-    return R(p, exp=exp, seq_len=64, warm_steps=300, warm_unmarked_frac=0.5, base_kind="char_chain",
+    return R(p, exp=exp, warm_seq_len=64, warm_steps=300, warm_unmarked_frac=0.5, base_kind="char_chain",
              n_problems=20000)
 
 
@@ -151,14 +151,21 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
     """RECIPE.md's 8B recipe: 48 prompts x 16, AdamW 5e-7 (100 warm-up), eps 1e-15, wd 0.01, CISPO eps_max 5,
     interruption at U[10k, 12k] + 2k answer (16k total), PipelineRL-8, 16 trainer devices, SGLang generators.
     The 16,384-token row is 2,000 prompt + 12,288 thinking + 48 for the interruption text + 2,048 answer (the
-    paper's 2,048 prompt tokens give up 48 to the interruption text, which the paper does not count)."""
+    paper's 2,048 prompt tokens give up 48 to the interruption text, which the paper does not count); the row length
+    is always ``rollout.max_prompt_len + rollout.max_new_tokens``.
+
+    The markers follow the model (``rollout.length.think_end="auto"``): the paper's ``</think>`` and interruption text
+    when the tokenizer holds ``</think>`` as one token (a model that thinks in ``<think>`` blocks), else the plain
+    ``boxed`` pair of a base or instruct model under the default template (README, "Run on your own model and
+    data"). A fixed ``</think>`` would be wrong for the base Llama-3.1-8B this preset is documented with: it never
+    writes the tag, so every sample would run to its thinking budget and carry a stray ``</think>``."""
     exp = ExperimentConfig(
         name="scalerl_8b", model=llama3_8b(), mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
         loss=LossConfig(kind="cispo", eps_max=5.0, aggregation="prompt", normalization="batch"),
         rollout=RolloutConfig(mode="pipeline", k=8, prompts_per_batch=48, group_size=16, temperature=1.0,
                               max_prompt_len=2000, max_new_tokens=14384, decode_chunk=16,
                               length=LengthConfig(kind="interruption", think_budget_lo=10240, think_budget_hi=12288,
-                                                  answer_budget=2048),
+                                                  answer_budget=2048, think_end="auto", interruption_text="auto"),
                               engine="sglang", weight_dtype="bfloat16"),
         data=DataConfig(source="jsonl", path="", val_size=1000, seed=seed),
         train=TrainConfig(lr=5e-7, warmup_steps=100, schedule="constant", adam_eps=1e-15, weight_decay=0.01,
@@ -169,7 +176,7 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
         sandbox=SandboxSettings(isolation="bwrap"),
         out_dir="runs/8b",
     )
-    return ExperimentPlan(exp=exp, real=True, warm_steps=0, seq_len=16384, n_trainer_devices=16)
+    return ExperimentPlan(exp=exp, real=True, warm_steps=0, warm_seq_len=0, n_trainer_devices=16)
 
 
 def real_1b_plan(seed: int = 0) -> ExperimentPlan:
@@ -186,13 +193,13 @@ def real_1b_plan(seed: int = 0) -> ExperimentPlan:
     exp = R(p.exp, name="scalerl_1b", model=llama3_1b(),
             rollout=R(p.exp.rollout, prompts_per_batch=16, group_size=8, max_prompt_len=1024, max_new_tokens=4096,
                       length=LengthConfig(kind="interruption", think_budget_lo=3000, think_budget_hi=3500,
-                                          answer_budget=512),
+                                          answer_budget=512, think_end="auto", interruption_text="auto"),
                       engine="embedded", local_servers=0, weight_dtype="bfloat16", generator_dtype="bfloat16"),
             data=DataConfig(source="jsonl", path="", val_size=500, seed=seed),
             train=R(p.exp.train, lr=1e-6, warmup_steps=20, steps=1000, microbatches=16, eval_every=50,
                     eval_samples=8, checkpoint_every=50),
             out_dir="runs/1b")
-    return R(p, exp=exp, seq_len=1024 + 4096, n_trainer_devices=1)
+    return R(p, exp=exp, n_trainer_devices=1)
 
 
 def tiny_moe_plan(seed: int = 0) -> ExperimentPlan:

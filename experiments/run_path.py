@@ -15,9 +15,11 @@
     trainer      :class:`~scalerl_jax.train.trainer.RLTrainer` (PipelineRL-k / PPO-off-policy-k, checkpoints)
 
 Inputs are checked before compute is spent: a model directory without tokenizer.json, a malformed jsonl row
-(file:line), a template without ``{question}``, an unreachable server URL stop the run with an error naming them
-before anything is trained; what needs the tokenizer (a missing chat template, an interruption text that does not
-fit ``max_new_tokens``) is checked as soon as it is loaded, before any generator starts.
+(file:line), a template without ``{question}``, a ``data.val_size`` that leaves nothing to train on, an unreachable
+server URL stop the run with an error naming them before anything is trained; what needs the model or the tokenizer
+(budgets over the model's context, a missing chat template, an interruption text that does not fit
+``max_new_tokens``, data with no prompt under the prompt budget) is checked as soon as it is loaded, before any
+generator starts and before metrics.jsonl is written. Lengths: :mod:`experiments.budgets`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import budgets
 from experiments.base_models import BaseModel, prepare_base
 from experiments.common import ExperimentPlan, write_report
 from experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
@@ -71,10 +74,14 @@ def check_inputs(plan: ExperimentPlan) -> None:
         if not Path(exp.data.path).is_file():
             raise ConfigError(f"--data {exp.data.path}: no such file")
         try:
-            load_jsonl(exp.data.path, skip_malformed=exp.data.skip_malformed, question_key=exp.data.question_key,
-                       answer_key=exp.data.answer_key)
+            rows, _ = load_jsonl(exp.data.path, skip_malformed=exp.data.skip_malformed,
+                                 question_key=exp.data.question_key, answer_key=exp.data.answer_key)
         except DataError as e:
             raise ConfigError(f"--data: {e} (set data.skip_malformed=true to skip such rows)") from None
+        if not rows:
+            raise ConfigError(f"--data {exp.data.path}: no usable rows (every row was skipped as malformed, or the "
+                              "file is empty)")
+        budgets.check_split(exp, len({p.prompt for p in rows}), exp.data.path)
     elif exp.data.source == "jsonl" and (plan.base_kind != "word_arith" or plan.base_model):
         raise ConfigError(f"preset {exp.name!r} reads jsonl data{' beside --model' if plan.base_model else ''}: "
                           "pass --data FILE.jsonl (question/answer rows)")
@@ -94,12 +101,9 @@ def check_inputs(plan: ExperimentPlan) -> None:
     ro = exp.rollout
     if ro.engine == "sglang" and not ro.sglang_urls and not ro.local_servers:
         raise ConfigError("rollout.engine='sglang' needs --sglang-urls URL [URL ...] or --generators N")
+    budgets.check_completion_budget(exp)  # the interruption text's tokens are added once the tokenizer is loaded
     if ro.sglang_urls:
         check_urls(ro.sglang_urls)
-    total = ro.max_prompt_len + ro.max_new_tokens
-    if total > plan.seq_len:
-        raise ConfigError(f"rollout.max_prompt_len {ro.max_prompt_len} + rollout.max_new_tokens {ro.max_new_tokens} "
-                          f"= {total} exceeds the training row length seq_len {plan.seq_len}")
 
 
 def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
@@ -110,11 +114,7 @@ def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
                           "'chat_template' or chat_template.jinja)")
     lc = length_control(exp, tok.encode)
     if lc is not None:
-        need = lc.budget_hi + len(lc.interruption_ids) + lc.answer_budget
-        if need > exp.rollout.max_new_tokens:
-            raise ConfigError(f"rollout.max_new_tokens {exp.rollout.max_new_tokens} is below think_budget_hi "
-                              f"{lc.budget_hi} + the interruption text's {len(lc.interruption_ids)} tokens + "
-                              f"answer_budget {lc.answer_budget} = {need}")
+        budgets.check_completion_budget(exp, len(lc.interruption_ids))
 
 
 def checkpoint_steps_on_disk(run_dir: Path) -> list[int]:
@@ -157,7 +157,9 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, log=print) ->
 
 def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
     """Training and validation problems rendered for ``tok`` (template or chat template), without the ones over
-    the prompt budget; returns (PromptData, dropped counts)."""
+    the prompt budget (``rollout.max_prompt_len``, or for ``auto`` the one measured here:
+    :func:`experiments.budgets.resolve_prompt_budget`); returns (PromptData, counts): ``train`` / ``val`` dropped,
+    ``max_prompt_len`` (the budget applied), ``longest`` (the longest prompt before dropping, tokens) and ``rule``."""
     from scalerl_jax.data.jsonl import make_prompt
     from scalerl_jax.data.pipeline import drop_long_prompts, from_config
 
@@ -169,22 +171,34 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
         return lambda q: make_prompt(q, template)
 
     code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None
-    if dc.source in ("arith", "chain"):  # synthetic prompts are already model text
-        data = from_config(dc, code_render=code_render)
-    else:
-        data = from_config(dc, template=renderer(dc.template), code_render=code_render)
-
-    def n_tokens(p) -> int:
-        ids = tok.encode(p.prompt)
-        return len(ids) + (bos_id is not None and ids[:1] != [bos_id])
-
+    source = dc.path or dc.source
     try:
-        data, dropped = drop_long_prompts(data, n_tokens, exp.rollout.max_prompt_len)
-    except ValueError as e:
-        raise ConfigError(f"{dc.path or dc.source}: {e}") from None
+        if dc.source in ("arith", "chain"):  # synthetic prompts are already model text
+            data = from_config(dc, code_render=code_render)
+        else:
+            data = from_config(dc, template=renderer(dc.template), code_render=code_render)
+    except ValueError as e:  # a split the data cannot give (the jsonl case is checked before compute)
+        raise ConfigError(f"{source}: {e} (data.val_size {dc.val_size}, data.code_val_size {dc.code_val_size})"
+                          ) from None
+
+    lengths: dict[int, int] = {}
+    for p in (*data.train, *data.val):
+        ids = tok.encode(p.prompt)
+        lengths[p.prompt_id] = len(ids) + (bos_id is not None and ids[:1] != [bos_id])
+    budget, rule = budgets.resolve_prompt_budget(exp, list(lengths.values()))
+    budgets.check_usable(exp, budget, [lengths[p.prompt_id] for p in data.train],
+                         [lengths[p.prompt_id] for p in data.val], source)
+    data, dropped = drop_long_prompts(data, lambda p: lengths[p.prompt_id], budget)
+    dropped = {**dropped, "max_prompt_len": budget, "longest": max(lengths.values()), "rule": rule}
+    if rule != "set":
+        log(f"[data] rollout.max_prompt_len=auto: {budget} tokens ({rule[len('auto: '):]}); training rows "
+            f"{budget} + {exp.rollout.max_new_tokens} = {budget + exp.rollout.max_new_tokens} tokens")
     if dropped["train"] or dropped["val"]:
         log(f"[data] dropped {dropped['train']} training and {dropped['val']} validation prompts longer than "
-            f"rollout.max_prompt_len = {exp.rollout.max_prompt_len} tokens (never truncated)")
+            f"rollout.max_prompt_len = {budget} tokens (never truncated)")
+    if len(data.train) < exp.rollout.prompts_per_batch:
+        log(f"[data] warning: {len(data.train)} training prompts, fewer than one batch of rollout.prompts_per_batch "
+            f"= {exp.rollout.prompts_per_batch}: every batch repeats prompts")
     log(f"[data] {len(data.train)} training prompts, {len(data.val)} held out for validation "
         f"({dc.source}{': ' + dc.path if dc.path else ''})")
     if data.weights:
@@ -326,7 +340,8 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 
 
 def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Generators | None = None,
-                  base_dir: Path | None = None, resume: bool = False, score=None, log=print, channel=None):
+                  base_dir: Path | None = None, resume: bool = False, score=None, log=print, channel=None,
+                  on_batch=None):
     """An RLTrainer for ``plan`` over ``data``, tokenised by ``tok``, generating with ``generators`` (built here
     from ``plan.exp.rollout`` when None). ``params``: the base weights, an HF checkpoint directory (the trainer
     reads each process's shards from it) or a pytree of arrays."""
@@ -343,7 +358,7 @@ def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Genera
                      pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=gens.train, eval_generator=gens.eval,
                      length=length, seq_len=plan.seq_len, run_dir=run_dir, resume=resume,
                      bos_id=getattr(tok, "bos_id", None), reward_transform=reward_transform(exp),
-                     generator_devices=gens.devices, log=log, channel=channel)
+                     generator_devices=gens.devices, log=log, channel=channel, on_batch=on_batch)
 
 
 # ---- the end-to-end run ------------------------------------------------------------------------------------
@@ -396,17 +411,22 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
     if base.data_path is not None and not exp.data.path:
         data_cfg = R(exp.data, source="jsonl", path=base.data_path)
     exp = R(exp, model=model_from_checkpoint(exp.model, ckpt_cfg), data=data_cfg)
-    plan = R(plan, exp=exp)
+    budgets.check_row_fits_model(exp)
     tok = HFTokenizer(str(base.dir))
     if tok.vocab_size > exp.model.vocab_size:
         raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
                           f"{exp.model.vocab_size}")
+    exp = budgets.resolve_markers(exp, tok, log=log)
     check_tokenized(exp, tok, base.dir)
+    data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
+    asked = exp.rollout.max_prompt_len
+    exp = R(exp, rollout=R(exp.rollout, max_prompt_len=dropped["max_prompt_len"]))  # auto: the measured budget
+    plan = R(plan, exp=exp)
     pool, sandbox = code_pool(exp, log=log)
     try:
         (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(exp), "base_model": str(base.dir),
-                                                         "sandbox_active": sandbox}, indent=2, default=str))
-        data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
+                                                         "sandbox_active": sandbox, "max_prompt_len_asked": asked},
+                                                        indent=2, default=str))
     except BaseException:
         if pool is not None:
             pool.close()
@@ -428,20 +448,29 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
             from scalerl_jax.rewards import score as default_score
 
             score = functools.partial(default_score, code_pool=pool)
+        lc = exp.rollout.length
+        watch = (budgets.ThinkEndWatch(lc.think_end, functools.partial(tok.decode, skip_special_tokens=False), log=log)
+                 if lc.kind == "interruption" else None)
         trainer = build_trainer(plan, base.dir, data, tok=tok, generators=gens, resume=resume, log=log,
-                                channel=channel, score=score)
+                                channel=channel, score=score, on_batch=watch)
+        if watch is not None:
+            watch.metrics = trainer.metrics
         failure: list[str] = []
         stack.callback(lambda: trainer.close(failure[0] if failure else None))
         trainer.metrics.write({"kind": "data", "step": int(trainer.state.step), "n_train": len(data.train),
                                "n_val": len(data.val), "dropped_long_prompts_train": dropped["train"],
-                               "dropped_long_prompts_val": dropped["val"]})
+                               "dropped_long_prompts_val": dropped["val"], "max_prompt_len": dropped["max_prompt_len"],
+                               "max_prompt_len_rule": dropped["rule"], "longest_prompt": dropped["longest"],
+                               "max_new_tokens": exp.rollout.max_new_tokens, "seq_len": plan.seq_len})
         try:
             summary = trainer.run()
         except BaseException as e:
             failure.append(f"{type(e).__name__}: {e}")
             raise
     summary.update(warmstart_seconds=base.seconds, warmstart_dir=str(base.dir), base_model=str(base.dir),
-                   base_made=base.made, dropped_long_prompts=dropped, n_train=len(data.train), n_val=len(data.val),
+                   base_made=base.made, dropped_long_prompts={k: dropped[k] for k in ("train", "val")},
+                   prompt_budget={k: dropped[k] for k in ("max_prompt_len", "rule", "longest")}, seq_len=plan.seq_len,
+                   length_check=watch.row if watch is not None else None, n_train=len(data.train), n_val=len(data.val),
                    sandbox={**sandbox, **({"runs": pool.stats()} if pool is not None else {})},
                    tasks={t: {"weight": (data.weights or {t: 1.0})[t], "n_train": sum(p.task == t for p in data.train),
                               "n_val": sum(p.task == t for p in data.val)} for t in data.tasks})

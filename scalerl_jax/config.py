@@ -15,6 +15,13 @@ from typing import Any, Literal
 
 DType = Literal["float32", "bfloat16"]
 DEFAULT_PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+#: the paper's interruption text, for a model that thinks in <think> ... </think>
+THINK_INTERRUPTION = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+#: the interruption pair of ``think_end="auto"`` for a model without a </think> token (an instruct or base model under
+#: a template that asks for a \boxed{} answer): thinking ends where the boxed answer starts. The marker is matched as
+#: token ids, and "boxed" stays one token after a backslash, a space or a dollar sign in common BPE vocabularies
+PLAIN_THINK_END = "boxed"
+PLAIN_INTERRUPTION = "\n\nOkay, time is up. The final answer is \\boxed"
 
 
 class ConfigError(ValueError):
@@ -262,11 +269,28 @@ class LengthConfig:
     think_budget_lo: int = 10240  # thinking budget ~ U[lo, hi] tokens per prompt
     think_budget_hi: int = 12288  # upper end of the thinking budget
     answer_budget: int = 2048  # tokens allowed after an interruption
-    think_end: str = "</think>"  # text that closes the thinking
-    #: appended when the thinking budget runs out (its tokens are masked out of the loss)
-    interruption_text: str = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+    #: text that closes the thinking; "auto": "</think>" when the tokenizer holds it as one token (a <think> model),
+    #: else the plain-text pair :data:`PLAIN_THINK_END` / :data:`PLAIN_INTERRUPTION` (README, "Run on your own
+    #: model and data")
+    think_end: str = "</think>"
+    #: appended when the thinking budget runs out (its tokens are masked out of the loss); "auto": follows think_end
+    interruption_text: str = THINK_INTERRUPTION
     penalty_max_len: int = 14336  # DAPO L_max (kind=penalty)
     penalty_cache: int = 2048  # DAPO L_cache (kind=penalty)
+
+    def __post_init__(self) -> None:
+        _check(self.kind in ("interruption", "penalty", "none"),
+               f"rollout.length.kind must be interruption|penalty|none, got {self.kind!r}")
+        _check(1 <= self.think_budget_lo <= self.think_budget_hi,
+               f"rollout.length.think_budget_lo/hi must satisfy 1 <= lo <= hi, got {self.think_budget_lo} and "
+               f"{self.think_budget_hi}")
+        _check(self.answer_budget >= 1, f"rollout.length.answer_budget must be >= 1, got {self.answer_budget}")
+        _check(self.kind != "interruption" or (bool(self.think_end) and bool(self.interruption_text)),
+               "rollout.length.think_end and rollout.length.interruption_text must be non-empty with "
+               "kind=interruption (or 'auto')")
+        _check(self.penalty_cache >= 1 and self.penalty_max_len > self.penalty_cache,
+               f"rollout.length.penalty_max_len ({self.penalty_max_len}) must exceed penalty_cache "
+               f"({self.penalty_cache}) >= 1")
 
 
 @dataclass(frozen=True)
@@ -279,7 +303,10 @@ class RolloutConfig:
     group_size: int = 16  # completions sampled per prompt
     temperature: float = 1.0  # sampling temperature
     top_p: float = 1.0  # nucleus sampling mass (1: off)
-    max_prompt_len: int = 2048  # longer prompts are dropped and counted, never truncated
+    #: prompt tokens at most; longer prompts are dropped and counted, never truncated. "auto": the longest prompt
+    #: of the data after templating, at most what the model's context leaves (model.max_seq_len - max_new_tokens;
+    #: longer ones are dropped and counted). The training row is max_prompt_len + max_new_tokens tokens
+    max_prompt_len: int | Literal["auto"] = 2048
     max_new_tokens: int = 14336  # completion tokens at most (thinking + interruption + answer)
     decode_chunk: int = 8  # tokens decoded between possible weight swaps
     length: LengthConfig = field(default_factory=LengthConfig)  # length control
@@ -301,6 +328,11 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check(self.mode in ("pipeline", "ppo_off_policy"), f"RolloutConfig.mode: unknown {self.mode!r}")
         _check(self.k >= 1, f"RolloutConfig.k must be >= 1, got {self.k}")
+        _check(self.max_prompt_len == "auto" or (isinstance(self.max_prompt_len, int) and self.max_prompt_len >= 1),
+               f"rollout.max_prompt_len must be a number of tokens >= 1 or 'auto', got {self.max_prompt_len!r}")
+        _check(self.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(self.prompts_per_batch >= 1, f"rollout.prompts_per_batch must be >= 1, got {self.prompts_per_batch}")
+        _check(self.decode_chunk >= 1, f"rollout.decode_chunk must be >= 1, got {self.decode_chunk}")
         _check(self.group_size >= 2, f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
         _check(self.temperature > 0, f"RolloutConfig.temperature must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
@@ -349,6 +381,15 @@ class DataConfig:
     code_template: str = "{question}\n\nWrite the solution as one Python code block."  # prompt of a jsonl code row
 
     def __post_init__(self) -> None:
+        _check(self.val_size >= 1, f"data.val_size must be >= 1 (prompts held out for validation), got {self.val_size}")
+        _check(self.n_train is None or self.n_train >= 1, f"data.n_train must be >= 1 or None, got {self.n_train}")
+        _check(0.0 < self.npr_threshold <= 1.0, f"data.npr_threshold must be in (0, 1], got {self.npr_threshold}")
+        _check("{question}" in self.template, f"data.template must contain '{{question}}', got {self.template!r}")
+        _check("{question}" in self.code_template,
+               f"data.code_template must contain '{{question}}', got {self.code_template!r}")
+        for name in ("question_key", "answer_key"):
+            _check(getattr(self, name) is None or bool(getattr(self, name).strip()),
+                   f"data.{name} must be a field name or None, got {getattr(self, name)!r}")
         _check(self.source in ("arith", "chain", "jsonl"),
                f"DataConfig.source must be 'arith', 'chain' or 'jsonl', got {self.source!r}")
         _check(1 <= self.chain_depth_lo <= self.chain_depth_hi <= 16,

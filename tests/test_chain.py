@@ -109,10 +109,10 @@ def test_tiny_chain_budget_cuts_the_deep_problems():
     # the longest prompt fits the prompt budget; an interrupted completion fits max_new_tokens
     assert max(len(p.prompt) for p in (*train, *val)) <= ro.max_prompt_len
     assert lc.think_budget_hi + len(lc.interruption_text) + lc.answer_budget <= ro.max_new_tokens
-    assert ro.max_prompt_len + ro.max_new_tokens <= plan.seq_len <= plan.exp.model.max_seq_len
+    assert ro.max_prompt_len + ro.max_new_tokens == plan.seq_len <= plan.exp.model.max_seq_len
     # the warm start's rows hold the longest target: depth 6 of nines, prompt + solution + eos
     longest = chain_problem([9] * 7)
-    assert len(longest.prompt) + len(longest.solution) + 1 <= plan.seq_len
+    assert len(longest.prompt) + len(longest.solution) + 1 <= plan.warm_seq_len <= plan.exp.model.max_seq_len
     # the length-penalty variant docks correct completions over L_max - L_cache tokens: depths 5 and 6 mostly
     free = lc.penalty_max_len - lc.penalty_cache
     over = np.mean([len(p.solution) + 1 > free for p in (*train, *val)])

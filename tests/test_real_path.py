@@ -58,7 +58,7 @@ def _plan(base, out, steps):
             rollout=R(exp.rollout, prompts_per_batch=4, group_size=4, k=K, decode_chunk=4, local_servers=2,
                       max_prompt_len=60),
             train=R(exp.train, steps=steps, eval_every=100, eval_samples=2, checkpoint_every=100, lr=1e-3))
-    return R(plan, exp=exp, base_model=str(model_dir), seq_len=100)
+    return R(plan, exp=exp, base_model=str(model_dir))
 
 
 def _run(base, out, steps, on_batch=None, after=None, state=None, generator_dtype="same"):

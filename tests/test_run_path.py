@@ -62,16 +62,16 @@ def _plan(tmp_path, **data):
     plan = build_plan("small")
     exp = plan.exp
     return R(plan, exp=R(exp, out_dir=str(tmp_path / "run"), data=R(exp.data, **data),
-                         rollout=R(exp.rollout, local_servers=0, engine="embedded", max_prompt_len=96)),
-             seq_len=96 + exp.rollout.max_new_tokens)
+                         rollout=R(exp.rollout, local_servers=0, engine="embedded", max_prompt_len=96)))
 
 
 def test_bad_jsonl_row_is_named_before_compute(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"}\n')
+    bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"}\n{"question": "3+3?", "answer": "6"}\n')
     with pytest.raises(ConfigError, match=f"{bad}:2: no answer field"):
         check_inputs(_plan(tmp_path, path=str(bad)))
-    check_inputs(_plan(tmp_path, path=str(bad), skip_malformed=True))  # skipping is opt-in and then fine
+    # skipping is opt-in and then fine (2 rows: one to hold out, one to train on)
+    check_inputs(_plan(tmp_path, path=str(bad), skip_malformed=True, val_size=1))
 
 
 def test_unreachable_url_is_named_before_compute(tmp_path):

@@ -139,10 +139,12 @@ def _parse_row(line, idx, id_offset, source, to_prompt, question_key, answer_key
         raise DataError(f"expected a JSON object, got {type(row).__name__}")
     qk = _pick(row, QUESTION_KEYS, question_key)
     if qk is None:
-        raise DataError(f"no question field (looked for {question_key or QUESTION_KEYS}); keys: {sorted(row)}")
+        raise DataError(f"no question field (looked for {question_key or QUESTION_KEYS}); keys: {sorted(row)} "
+                        "(set data.question_key to the row's question field)")
     ak = _pick(row, ANSWER_KEYS, answer_key)
     if ak is None:
-        raise DataError(f"no answer field (looked for {answer_key or ANSWER_KEYS}); keys: {sorted(row)}")
+        raise DataError(f"no answer field (looked for {answer_key or ANSWER_KEYS}); keys: {sorted(row)} "
+                        "(set data.answer_key to the row's answer field)")
     question, reference = row[qk], row[ak]
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"empty or non-string question in field {qk!r}")

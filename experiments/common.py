@@ -295,10 +295,9 @@ def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_g
     import subprocess
     import sys
 
-    exp = plan.exp
     from experiments.budgets import check_completion_budget, check_row_fits_model
 
-    print(f"[dry-run] {exp.name}: model {exp.model.num_params() / 1e9:.2f}B params, batch "
+    exp = plan.exp
     try:
         check_row_fits_model(exp)
         check_completion_budget(exp)
@@ -312,6 +311,7 @@ def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_g
         plan = dataclasses.replace(plan, exp=dataclasses.replace(
             exp, rollout=dataclasses.replace(exp.rollout, max_prompt_len=cap)))
         exp = plan.exp
+    print(f"[dry-run] {exp.name}: model {exp.model.num_params() / 1e9:.2f}B params, batch "
           f"{exp.rollout.prompts_per_batch} x {exp.rollout.group_size}, lr {exp.train.lr} (warm-up "
           f"{exp.train.warmup_steps}), adam eps {exp.train.adam_eps}, wd {exp.train.weight_decay}, "
           f"{exp.loss.kind} eps_max {exp.loss.eps_max}, {exp.rollout.mode}-{exp.rollout.k}, thinking budget "

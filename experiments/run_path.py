@@ -261,6 +261,9 @@ def length_control(exp: ExperimentConfig, encode):
     lc = exp.rollout.length
     if lc.kind != "interruption":
         return None
+    if budgets.AUTO in (lc.think_end, lc.interruption_text):
+        raise ConfigError("rollout.length.think_end / interruption_text 'auto' are settled from the tokenizer "
+                          "(experiments.budgets.resolve_markers) before length control is built")
     return LengthControl(think_end_ids=tuple(encode(lc.think_end)),
                          interruption_ids=tuple(encode(lc.interruption_text)),
                          budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)

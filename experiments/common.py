@@ -237,6 +237,7 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
         sb = summary["sandbox"]
         lines.insert(-1, f"- Code sandbox: {sb.get('describe', sb['isolation'])} (sandbox.isolation="
                          f"{sb['configured']!r})" + (f"; {sb['runs']['runs']} programs run, "
+                                                     f"{sb['runs'].get('timeout', 0)} timeouts, "
                                                      f"{sb['runs']['sandbox_error']} sandbox errors."
                                                      if "runs" in sb else "."))
     if evals:

@@ -226,7 +226,7 @@ def code_pool(exp: ExperimentConfig, log=print):
 
     try:
         pool = CodePool(SandboxConfig(timeout_s=sb.timeout_s, cpu_s=sb.timeout_s, memory_mb=sb.memory_mb,
-                                      isolation=sb.isolation, workers=sb.workers))
+                                      isolation=sb.isolation, workers=sb.workers), max_error_rate=sb.max_error_rate)
     except SandboxError as e:
         raise ConfigError(f"sandbox.isolation={sb.isolation!r} cannot run here: {e}") from None
     log(f"[sandbox] code rewards run under {pool.sandbox.describe()} ({sb.workers} workers, {sb.timeout_s:g} s)")

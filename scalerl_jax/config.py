@@ -420,11 +420,16 @@ class SandboxSettings:
     timeout_s: float = 10.0  # wall clock (and CPU seconds) of one program + its tests
     memory_mb: int = 1024  # address space of each sandboxed process
     workers: int = 4  # programs run at once (a bounded pool beside generation)
+    #: stop the run when more than this fraction of the programs run so far (at least 32) came back as sandbox
+    #: errors: the sandbox is broken, and every program would be scored -1 whatever it does
+    max_error_rate: float = 0.25
 
     def __post_init__(self) -> None:
         _check(self.isolation in ("auto", "bwrap", "rlimits", "none"),
                f"SandboxSettings.isolation must be auto|bwrap|rlimits|none, got {self.isolation!r}")
         _check(self.timeout_s > 0, f"SandboxSettings.timeout_s must be > 0, got {self.timeout_s}")
+        _check(0 <= self.max_error_rate <= 1,
+               f"SandboxSettings.max_error_rate must be in [0, 1], got {self.max_error_rate}")
         _check(self.memory_mb >= 64, f"SandboxSettings.memory_mb must be >= 64, got {self.memory_mb}")
         _check(self.workers >= 1, f"SandboxSettings.workers must be >= 1, got {self.workers}")
 

@@ -417,3 +417,33 @@ def _named_prefix(prefix: str) -> list[str]:
         except (OSError, ValueError, IndexError):
             continue
     return out
+
+
+class _BrokenMachinery(Sandbox):
+    """The real sandbox, except that its machinery fails (raises) for programs marked BROKEN: what a missing
+    bubblewrap binary or an exhausted host would look like from the pool."""
+
+    def run(self, program, tests, entry_point=None):
+        if "BROKEN" in program:
+            raise OSError("the sandbox could not start its interpreter")
+        return super().run(program, tests, entry_point)
+
+
+@pytest.mark.parametrize("broken, stops", [(1, False), (3, True)])
+def test_a_pool_whose_sandbox_errors_too_often_stops_the_run(broken, stops):
+    """5 runs, ``broken`` of them sandbox errors: 1/5 = 20 % is under max_error_rate 25 % and scores on; 3/5 = 60 %
+    raises SandboxUnhealthy naming the counts and the setting, instead of handing out -1 rewards."""
+    from scalerl_jax.rewards.code_pool import SandboxUnhealthy
+
+    cfg = SandboxConfig(isolation="none", timeout_s=20, cpu_s=20, workers=2)
+    jobs = [CodeJob("# BROKEN\ndef f():\n    return 1\n" if i < broken else "def f():\n    return 1\n",
+                    "assert f() == 1\n", None) for i in range(5)]
+    with CodePool(sandbox=_BrokenMachinery(cfg), max_error_rate=0.25, min_runs=4) as pool:
+        if stops:
+            with pytest.raises(SandboxUnhealthy, match=r"3 of 5 sandboxed programs .*\(60% > sandbox.max_error_rate"):
+                pool.map(jobs)
+        else:
+            results = pool.map(jobs)
+            assert [r.reason for r in results] == ["sandbox_error"] + ["passed"] * 4
+        s = pool.stats()
+        assert (s["sandbox_error"], s["runs"]) == (broken, 5)

@@ -37,13 +37,22 @@ class CodeJob(NamedTuple):
     entry_point: str | None = None
 
 
+class SandboxUnhealthy(RuntimeError):
+    """Too many of the pool's runs failed in the sandbox itself (not in the program): the run stops."""
+
+
 class CodePool:
     """``config.workers`` concurrent sandboxed runs under one :class:`Sandbox` (isolation chosen once, at
     construction; see :attr:`isolation`). Use as a context manager or call :meth:`close`. Thread-safe, and callers
     may share it (training and evaluation): a job's deadline starts when a worker picks it up, not when it was
     queued behind another caller's jobs."""
 
-    def __init__(self, config: SandboxConfig | None = None, sandbox: Sandbox | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, sandbox: Sandbox | None = None, *,
+                 max_error_rate: float | None = None, min_runs: int = 32) -> None:
+        """``max_error_rate``: once ``min_runs`` programs have run, :meth:`map` raises :class:`SandboxUnhealthy`
+        when more than this fraction of them came back as sandbox errors (a broken sandbox would otherwise hand the
+        policy -1 for every program it writes); None: never."""
+        self.max_error_rate, self.min_runs = max_error_rate, int(min_runs)
         self.sandbox = sandbox or Sandbox(config)
         self.config = self.sandbox.config
         self._ex = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="code-sandbox")
@@ -84,7 +93,19 @@ class CodePool:
         for j in jobs:
             started: list[float] = []
             pending.append((started, self._ex.submit(self._run, CodeJob(*j), started)))
-        return [self._wait(started, f) for started, f in pending]
+        out = [self._wait(started, f) for started, f in pending]
+        self.check_health()
+        return out
+
+    def check_health(self) -> None:
+        """Raise :class:`SandboxUnhealthy` when the sandbox error rate is over ``max_error_rate`` (see __init__)."""
+        s = self.stats()
+        if self.max_error_rate is not None and s["runs"] >= self.min_runs and s["error_rate"] > self.max_error_rate:
+            raise SandboxUnhealthy(
+                f"{s['sandbox_error']} of {s['runs']} sandboxed programs came back as sandbox errors "
+                f"({s['error_rate']:.0%} > sandbox.max_error_rate {self.max_error_rate:.0%}; {s['lost']} lost, "
+                f"{s['timeout']} timeouts) under {self.sandbox.describe()}: stopping rather than training on -1 "
+                "rewards the policy did not earn; check the sandbox (bubblewrap, limits, sandbox.workers)")
 
     def _wait(self, started: list[float], f: Future) -> CodeResult:
         allowed = self.config.timeout_s + _LOST_AFTER_S

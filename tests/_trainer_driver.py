@@ -113,7 +113,8 @@ def flat_params(params) -> dict[str, np.ndarray]:
 
 def enable_compile_cache(path: str | os.PathLike | None = None) -> None:
     """Share compiled XLA programs between the many small trainers (and subprocesses) of the tests."""
-    path = path or os.environ.get("SCALERL_TEST_JAX_CACHE") or "/tmp/scalerl_test_jax_cache"
+    path = (path or os.environ.get("SCALERL_TEST_JAX_CACHE") or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+            or "/tmp/scalerl_test_jax_cache")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,8 +1,17 @@
-"""Shared test fixtures. Tests run on CPU; multi-device checks run in subprocesses with their own XLA_FLAGS."""
+"""Shared test fixtures. Tests run on CPU; multi-device checks run in subprocesses with their own XLA_FLAGS.
+
+Compiled programs are shared across the whole run: every JAX process of the suite (this one, the experiment runs,
+servers and fleets the tests start) reads and writes one persistent XLA compilation cache, so a program compiled
+once (the smoke preset's train step, the servers' decode loops) is loaded, not recompiled, by the next process that
+needs it. The cache is a fresh directory per run (a clean clone's CI pays every compile once), removed at the end;
+set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs.
+"""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +24,29 @@ if "jax" in sys.modules:  # a plugin imported JAX before this file: the variable
     sys.modules["jax"].config.update("jax_numpy_rank_promotion", "raise")
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); tests fail, not skip, without them
+
+_OWN_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    # Before any test module imports JAX: JAX reads these variables when it is imported, and every subprocess
+    # inherits them. Compiles of any length are kept (JAX's default skips those under a second, a threshold that
+    # then depends on the machine's load).
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config.stash[_OWN_CACHE] = tempfile.mkdtemp(
+            prefix="scalerl_jax_xla_cache_")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    if "jax" in sys.modules:
+        jax = sys.modules["jax"]
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_unconfigure(config):
+    own = config.stash.get(_OWN_CACHE, None)
+    if own:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture

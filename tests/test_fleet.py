@@ -27,8 +27,9 @@ from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from tests.test_server import kill_once_generating, save_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-# reruns load the servers' executables instead of compiling them
-XLA_CACHE = os.path.join(tempfile.gettempdir(), "scalerl_jax_test_fleet_xla_cache")
+# the suite's shared compilation cache (tests/conftest.py): restarted servers load their executables
+XLA_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+    tempfile.gettempdir(), "scalerl_jax_test_fleet_xla_cache")
 SERVER_ARGS = ("--debug-chunk-delay-ms", "15")  # slow decoding a little, so that a kill lands mid-batch
 
 

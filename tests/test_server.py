@@ -28,7 +28,9 @@ from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-JAX_CACHE = os.path.join(tempfile.gettempdir(), "scalerl_jax_test_server_xla_cache")
+# the suite's shared compilation cache (tests/conftest.py sets it before this module is imported)
+JAX_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+    tempfile.gettempdir(), "scalerl_jax_test_server_xla_cache")
 PROMPTS = [[3, 12, 4, 13, 5, 14], [11, 10, 12, 2, 14], [7, 7, 13, 9, 14], [4, 14]]  # <= 9 tokens: one shape bucket
 
 

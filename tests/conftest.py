@@ -5,9 +5,13 @@ servers and fleets the tests start) reads and writes one persistent XLA compilat
 once (the smoke preset's train step, the servers' decode loops) is loaded, not recompiled, by the next process that
 needs it. The cache is a fresh directory per run (a clean clone's CI pays every compile once), removed at the end;
 set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs.
+
+``--cpu-durations N`` lists the N tests that used the most CPU time (user + system, this process and the
+subprocesses it waited for): on a shared machine a clearer measure of a test's cost than ``--durations``' wall time.
 """
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -28,6 +32,12 @@ DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); te
 _OWN_CACHE = pytest.StashKey[str]()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="show the N tests that used the most CPU time (user + system, the test process and the "
+                          "subprocesses it waited for); 0 shows all")
+
+
 def pytest_configure(config):
     # Before any test module imports JAX: JAX reads these variables when it is imported, and every subprocess
     # inherits them. Compiles of any length are kept (JAX's default skips those under a second, a threshold that
@@ -41,12 +51,53 @@ def pytest_configure(config):
         jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs",
                           float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+    if config.getoption("cpu_durations") is not None:
+        config.pluginmanager.register(CpuDurations(config.getoption("cpu_durations")), "cpu_durations")
 
 
 def pytest_unconfigure(config):
     own = config.stash.get(_OWN_CACHE, None)
     if own:
         shutil.rmtree(own, ignore_errors=True)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class CpuDurations:
+    """``--cpu-durations N``: each test's CPU seconds (setup, call and teardown; a module or session fixture's
+    processes count where they are reaped), carried in its report, the N largest listed at the end."""
+
+    def __init__(self, n: int):
+        self.n, self.times, self.start = n, [], {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.start[item.nodeid] = cpu_seconds()
+        yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        if call.when == "teardown" and item.nodeid in self.start:
+            outcome.get_result().user_properties.append(("cpu_seconds", cpu_seconds() - self.start.pop(item.nodeid)))
+
+    def pytest_runtest_logreport(self, report):
+        cpu = dict(report.user_properties).get("cpu_seconds") if report.when == "teardown" else None
+        if cpu is not None:
+            self.times.append((cpu, report.nodeid))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.times:
+            return
+        tr, times = terminalreporter, sorted(self.times, reverse=True)
+        tr.write_sep("=", f"slowest {self.n or len(times)} CPU durations")
+        for cpu, nodeid in times[:self.n or None]:
+            tr.write_line(f"{cpu:9.1f}s cpu  {nodeid}")
+        tr.write_line(f"{sum(c for c, _ in times):9.1f}s cpu  all {len(times)} tests (collection not counted)")
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ def _dry_run(out, *args) -> dict:
 TINY_LAYER_PARAMS = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 512 + 2 * 128  # 246,016
 
 
+@pytest.mark.slow
 def test_variants_and_overrides_reach_the_compiled_step(tmp_path):
     base = _dry_run(tmp_path / "base")
     bf16 = _dry_run(tmp_path / "bf16", "--variant", "bf16_head")

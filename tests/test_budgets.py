@@ -259,6 +259,9 @@ def test_user_model_and_gsm8k_run_on_the_small_preset(user_base, tmp_path, budge
         "auto" if budget == "auto" else 64)
     summary = json.loads((out / "summary.json").read_text())["run"]
     assert summary["prompt_budget"]["max_prompt_len"] == want and summary["seq_len"] == want + 48
+    report = " ".join((out / "report.md").read_text().split())
+    assert f"prompt budget {want} tokens" in report and f"training rows of {want + 48} tokens" in report
+    assert ("rollout.max_prompt_len=auto: the longest prompt" in report) == (budget == "auto")
 
 
 def test_refused_inputs_exit_2_naming_the_field_without_metrics(user_base, tmp_path, capsys):

@@ -100,8 +100,11 @@ class RunArgs:
     process_id: Annotated[int | None, tyro.conf.arg(metavar="I")] = None
     """multi-process run: this one's rank"""
     dist_timeout: Annotated[int, tyro.conf.arg(metavar="S")] = 300
-    """multi-process run: seconds to wait for every process at start-up; a process that stops sending heartbeats
-    for a fifth of this (at least 10 s) takes the others down"""
+    """multi-process run: seconds to wait for every process at start-up"""
+    heartbeat_timeout: Annotated[int, tyro.conf.arg(metavar="S")] = 300
+    """multi-process run: a process that sends no heartbeat for this long is declared dead and the run ends; keep it
+    well above the longest stall of a healthy process (compile, checkpoint save, a loaded machine; each process
+    logs its stalls); a process that exits is noticed at once by the launcher or srun --kill-on-bad-exit"""
     exp: Annotated[ExperimentConfig, Flattened] = dataclasses.field(default_factory=ExperimentConfig)
 
 
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
     if not args.print_config:
         try:
             dcfg = dist.resolve(args.coordinator, args.num_processes, args.process_id,
-                                init_timeout_s=args.dist_timeout, heartbeat_timeout_s=max(10, args.dist_timeout // 5))
+                                init_timeout_s=args.dist_timeout, heartbeat_timeout_s=args.heartbeat_timeout)
         except ConfigError as e:
             cli_error(prog, str(e))
         dist.initialize(dcfg)  # before any other JAX call

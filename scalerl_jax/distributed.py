@@ -17,9 +17,13 @@ slice. JAX's own SLURM detection is not used: it would give each rank GPU ``SLUR
 per rank even for one rank per node.
 
 On CPU the cross-process collectives use gloo (``jax_cpu_collectives_implementation``), so several processes on
-one machine form one real multi-host mesh. Initialisation waits at most ``init_timeout_s`` for every process;
-afterwards the coordination service's heartbeats (``heartbeat_timeout_s``) take every process down when one of
-them dies, instead of leaving the others in a collective forever.
+one machine form one real multi-host mesh. Initialisation waits at most ``init_timeout_s`` (``--dist-timeout``)
+for every process; afterwards the coordination service's heartbeats take every process down when one of them is
+silent for ``heartbeat_timeout_s`` (``--heartbeat-timeout``, default :data:`HEARTBEAT_TIMEOUT_S`), instead of
+leaving the others in a collective forever. Busy is not dead: a long compile or checkpoint save, or an overloaded
+machine, stalls a healthy process, so the default is far above the longest stall measured; :class:`StallWatch`
+logs every process's stalls against it. A process that dies is noticed sooner: a dead leader's closed sockets end
+the followers at once, and the launcher stops the rest as soon as any process exits.
 
 Roles. Process 0 is the leader: it reads data, talks to the generators, scores, writes metrics, reports and the
 fit. Every process holds its shards of the train state and runs the same jitted train step on one global mesh.
@@ -32,17 +36,26 @@ tells it the leader is gone (:meth:`Channel.recv`).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
 from scalerl_jax.config import ConfigError
+
+INIT_TIMEOUT_S = 300
+# A process whose heartbeats stop for this long is declared dead and the run ends. Well above the longest stall of
+# a healthy process measured on a loaded 2-core machine (BUILD.md, Multi-host trainer); a process that dies is
+# not waited for this long: its closed sockets end the others at once (leader), or the launcher / srun
+# --kill-on-bad-exit stops the rest when it exits.
+HEARTBEAT_TIMEOUT_S = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +64,20 @@ class DistConfig:
     num_processes: int
     process_id: int
     source: str  # "flags", "env" or "slurm"
-    init_timeout_s: int = 300
-    heartbeat_timeout_s: int = 60
+    init_timeout_s: int = INIT_TIMEOUT_S
+    heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
     local_device_ids: tuple[int, ...] | None = None  # GPU ordinals this process uses; None: every one it sees
     devices_from: str = ""  # where local_device_ids came from (for the start-up log)
 
 
 def resolve(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
-            env: dict[str, str] | None = None, *, init_timeout_s: int = 300,
-            heartbeat_timeout_s: int = 60) -> DistConfig | None:
+            env: dict[str, str] | None = None, *, init_timeout_s: int = INIT_TIMEOUT_S,
+            heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> DistConfig | None:
     """Which multi-process set-up applies (module docstring), with this process's GPUs; None for a single process.
     Errors name the flag or variable that is missing or wrong."""
+    for name, value in (("--dist-timeout", init_timeout_s), ("--heartbeat-timeout", heartbeat_timeout_s)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ConfigError(f"{name} must be a whole number of seconds >= 1, got {value!r}")
     env = dict(os.environ if env is None else env)
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     kw = dict(init_timeout_s=init_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s)
@@ -225,10 +241,11 @@ def channel_poll_s(env: dict[str, str] | None = None) -> float:
     return poll
 
 
-def initialize(cfg: DistConfig | None, log=print) -> None:
-    """``jax.distributed.initialize`` for ``cfg`` (nothing for None). Must run before any other JAX call."""
+def initialize(cfg: DistConfig | None, log=print) -> StallWatch | None:
+    """``jax.distributed.initialize`` for ``cfg`` (nothing for None). Must run before any other JAX call. Returns
+    the process's running :class:`StallWatch`."""
     if cfg is None:
-        return
+        return None
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; accelerators use theirs
@@ -251,9 +268,82 @@ def initialize(cfg: DistConfig | None, log=print) -> None:
     log(f"[dist] process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local and "
         f"{jax.device_count()} global devices ({cfg.source}; coordinator {cfg.coordinator}); GPUs {ids} "
         f"({cfg.devices_from})")
-    log(f"[dist] timeouts: start-up {cfg.init_timeout_s}s; heartbeat {cfg.heartbeat_timeout_s}s (a process silent "
-        f"that long ends the run; a leader that exits ends the followers at once); followers wait for the leader's "
-        f"commands without a time limit, waking every {poll:g}s")
+    log(f"[dist] timeouts: start-up {cfg.init_timeout_s}s (--dist-timeout); heartbeat {cfg.heartbeat_timeout_s}s "
+        f"(--heartbeat-timeout: a process silent that long ends the run; a leader that exits ends the followers at "
+        f"once); followers wait for the leader's commands without a time limit, waking every {poll:g}s")
+    sys.excepthook = _exit_without_barrier(sys.excepthook, jax.process_index())
+    return StallWatch(jax.process_index(), cfg.heartbeat_timeout_s, log=log).start()
+
+
+def _exit_without_barrier(previous, process: int):
+    """An uncaught exception ends a multi-process process at once. Python's exit would run JAX's atexit
+    ``jax.distributed.shutdown``, whose barrier waits for every process: when the error is another process's death
+    (gloo: "Connection closed by peer"), it waited until the dead one's heartbeats timed out. Instead: the
+    traceback, the other exit handlers (stopping generator fleets ...), then exit status 1 without the barrier.
+    This process's closed sockets then end the others (the followers at once when this is the leader; the
+    leader at its next collective)."""
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        print(f"[dist] process {process} failed ({kind.__name__}): exiting without jax.distributed's shutdown "
+              "barrier", file=sys.stderr, flush=True)
+        try:
+            from jax._src import api
+
+            atexit.unregister(api.clean_up)
+            atexit._run_exitfuncs()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+    return hook
+
+
+class StallWatch:
+    """How long this process went without running: a daemon thread that wakes every ``period_s`` and measures how
+    late it woke. The coordination client's heartbeats come from a thread of this process too, so the longest
+    stall bounds the heartbeat gap a slow machine, a long compile or a checkpoint save caused; a Python thread also
+    waits for the GIL, so it over- rather than under-states the gap. A stall of more than ``report_s`` (default: a
+    quarter of the heartbeat timeout; ``SCALERL_STALL_REPORT_S``) is logged when it ends, and the longest one at
+    exit, each beside the heartbeat timeout it has to stay below."""
+
+    def __init__(self, process: int, heartbeat_timeout_s: float, *, period_s: float = 0.5,
+                 report_s: float | None = None, log=print) -> None:
+        self.process, self.heartbeat_timeout_s, self.period_s, self.log = process, heartbeat_timeout_s, period_s, log
+        if report_s is None:
+            raw = os.environ.get("SCALERL_STALL_REPORT_S", "").strip()
+            try:
+                report_s = float(raw) if raw else heartbeat_timeout_s / 4
+            except ValueError:
+                raise ConfigError(f"SCALERL_STALL_REPORT_S must be a number of seconds, got {raw!r}") from None
+        self.report_s = report_s
+        self.longest_s = 0.0
+        self._stop = threading.Event()
+
+    def start(self) -> StallWatch:
+        threading.Thread(target=self._run, name="scalerl-stall-watch", daemon=True).start()
+        atexit.register(self.close)
+        return self
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.period_s):
+            now = time.monotonic()
+            self.note(now - last - self.period_s)
+            last = now
+
+    def note(self, stall_s: float) -> None:
+        self.longest_s = max(self.longest_s, stall_s)
+        if stall_s > self.report_s:
+            self.log(f"[dist] process {self.process} did not run for {stall_s:.1f}s (heartbeat timeout "
+                     f"{self.heartbeat_timeout_s}s; raise --heartbeat-timeout if stalls come near it)")
+
+    def close(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self.log(f"[dist] process {self.process}: longest stall {self.longest_s:.1f}s (heartbeat timeout "
+                     f"{self.heartbeat_timeout_s}s)")
 
 
 def process_count() -> int:

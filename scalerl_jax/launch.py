@@ -24,13 +24,17 @@ output is also written to ``--log-dir`` (default: the command's ``--out`` direct
 Failure: when a process exits non-zero (or is killed), the launcher stops the others at once (SIGTERM, then
 SIGKILL after ``--grace`` seconds) instead of letting them wait in a collective, says which process failed and
 how, and exits non-zero; Ctrl-C stops them all. ``--resume`` on the command then continues from the last
-checkpoint, with this or another process count.
+checkpoint, with this or another process count. When the failed process was ended by the coordination service's
+heartbeat check ("unhealthy (stopped sending heartbeats)"), the launcher says whether the silent processes were
+dead (exited before), stopped (state T), or alive and running: then they were busy, not dead, and the message
+names ``--heartbeat-timeout`` to raise (:func:`heartbeat_diagnosis`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -116,6 +120,47 @@ def _describe(rc: int) -> str:
     return f"exited with status {rc}"
 
 
+def proc_state(pid: int) -> str:
+    """A live process's scheduler state from ``/proc`` (R, S, D, T ...); "" where it cannot be read."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+UNHEALTHY = re.compile(r"unhealthy \(stopped sending heartbeats\):\s*([\d,\s]+)")
+HEARTBEAT = re.compile(r"\[dist\] timeouts: .*?heartbeat (\d+)s")
+
+
+def heartbeat_diagnosis(log: str, earlier: dict[int, int], stopped: set[int], n: int) -> str | None:
+    """Busy or dead, when a process ended because the coordination service found processes silent (JAX's
+    "unhealthy (stopped sending heartbeats): 1, 0" in ``log``, the failed process's output); None otherwise.
+    ``earlier``: rank -> status of the processes that had exited before it; ``stopped``: ranks the launcher saw
+    stopped (state T). A silent process that the launcher saw alive and running was busy, not dead: the message says
+    so and names the flag to raise; one that had died or was stopped is named as such."""
+    m = UNHEALTHY.search(log)
+    if not m:
+        return None
+    silent = sorted({int(x) for x in re.findall(r"\d+", m.group(1))})
+    names = ", ".join(map(str, silent))
+    gone = {r: rc for r, rc in earlier.items() if r in silent and rc != 0}
+    if gone:
+        return (f"the coordination service found process(es) {names} silent: "
+                + "; ".join(f"process {r} {_describe(rc)} before" for r, rc in sorted(gone.items()))
+                + " (dead, not busy)")
+    hung = sorted(r for r in silent if r in stopped)
+    if hung:
+        return (f"the coordination service found process(es) {names} silent: the launcher saw process(es) "
+                f"{', '.join(map(str, hung))} stopped (state T: SIGSTOP or a debugger), alive but not running")
+    hb = HEARTBEAT.search(log)
+    now = f" (it was {hb.group(1)}s)" if hb else ""
+    alive = "every process" if not earlier else f"process(es) {names}"
+    return (f"the coordination service declared process(es) {names} dead (stopped sending heartbeats), but the "
+            f"launcher saw {alive} of the {n} alive and running until then: busy, not dead (a long compile or "
+            f"checkpoint save, an overloaded machine). Raise --heartbeat-timeout{now} on the command and continue "
+            f"with --resume")
+
+
 class LaunchError(ValueError):
     """The launch cannot be done as asked (nothing was started)."""
 
@@ -171,22 +216,28 @@ def launch(module: str, args: list[str], *, processes: int, cpu_devices: int | N
             t = threading.Thread(target=_pump, args=(p, rank, f), daemon=True)
             t.start()
             pumps.append(t)
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
+        exits: dict[int, int] = {}  # rank -> status, in the order the launcher saw them
+        stopped: set[int] = set()  # ranks seen alive but stopped (SIGSTOP, a debugger)
+        while not any(rc != 0 for rc in exits.values()) and len(exits) < len(procs):
             for rank, p in enumerate(procs):
-                rc = p.poll()
-                if rc is not None and rc != 0:
-                    failed = (rank, rc)
-                    break
+                if rank in exits:
+                    continue
+                if p.poll() is not None:
+                    exits[rank] = p.returncode
+                elif proc_state(p.pid) in ("T", "t"):
+                    stopped.add(rank)
             time.sleep(0.2)
-        if failed is None:
-            rcs = [p.wait() for p in procs]
-            bad = [(r, rc) for r, rc in enumerate(rcs) if rc != 0]
-            failed = bad[0] if bad else None
-        if failed is not None:
-            rank, rc = failed
+        bad = [(r, rc) for r, rc in exits.items() if rc != 0]
+        if bad:
+            rank, rc = bad[0]
+            pumps[rank].join(timeout=5)  # its last lines, in its log before they are read
+            files[rank].flush()
             print(f"[launch] process {rank} {_describe(rc)}; stopping the other processes "
                   f"(see {log_dir / f'process_{rank}.log'}; continue with --resume)", file=sys.stderr, flush=True)
+            why = heartbeat_diagnosis((log_dir / f"process_{rank}.log").read_text(errors="replace"),
+                                      {r: c for r, c in exits.items() if (r, c) != (rank, rc)}, stopped, len(procs))
+            if why:
+                print(f"[launch] {why}", file=sys.stderr, flush=True)
             _stop(procs, grace_s)
             return rc if rc > 0 else 128 - rc
         return 0

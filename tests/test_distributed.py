@@ -5,7 +5,10 @@
 - The channel with two real CPU processes (started as the launcher does, or as a 2-task srun step): a follower
   waits for a slow leader far past its poll and the heartbeat timeout and gets the command; a leader killed with
   SIGKILL ends the follower at once with JAX's message that the leader died, one that hangs (SIGSTOP) ends it
-  after the heartbeat timeout.
+  after the heartbeat timeout. The same with the default heartbeat timeout while a CPU hog keeps every core busy:
+  the starved pair stays up, and a killed leader still ends the follower within seconds, not after the timeout.
+  A killed follower ends the leader at its next collective (gloo's closed connection), also within seconds: the
+  leader leaves without waiting in JAX's shutdown barrier for the dead process.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def test_launcher_environment_resolves_with_its_device_ids():
 CHILD = """
 import sys, time
 from scalerl_jax import distributed as dist
-dist.initialize(dist.resolve(heartbeat_timeout_s=int(sys.argv[1])))
+hb = {} if sys.argv[1] == "default" else {"heartbeat_timeout_s": int(sys.argv[1])}
+watch = dist.initialize(dist.resolve(**hb))
 ch = dist.Channel()
 if dist.is_leader():
     time.sleep(float(sys.argv[2]))
@@ -105,14 +109,14 @@ if dist.is_leader():
     time.sleep(600)
 t0 = time.monotonic()
 cmd, meta, _ = ch.recv()
-print(f"got {cmd} {meta} after {time.monotonic() - t0:.1f}s", flush=True)
+print(f"got {cmd} {meta} after {time.monotonic() - t0:.1f}s; longest stall {watch.longest_s:.2f}s", flush=True)
 ch.recv()
 print("second command?!", flush=True)
 """
 HEARTBEAT_S, POLL_S = 5, 0.5
 
 
-def _pair(tmp_path, leader_delay_s: float, slurm: bool):
+def _pair(tmp_path, leader_delay_s: float, slurm: bool, heartbeat: str = str(HEARTBEAT_S)):
     """Leader and follower, told their ranks as the launcher does, or as an srun step of 2 tasks on one node."""
     port = free_port()
     procs = []
@@ -125,7 +129,7 @@ def _pair(tmp_path, leader_delay_s: float, slurm: bool):
         else:
             env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
         log = open(tmp_path / f"p{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-c", CHILD, str(HEARTBEAT_S), str(leader_delay_s)],
+        procs.append((subprocess.Popen([sys.executable, "-c", CHILD, heartbeat, str(leader_delay_s)],
                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
@@ -168,3 +172,100 @@ def test_a_follower_waits_for_a_slow_leader_and_stops_when_it_dies(tmp_path, how
         assert "the leader task was preempted/died" in text or "lost the leader (process 0)" in text, text[-3000:]
     else:  # a hung leader: the follower's heartbeats fail for HEARTBEAT_S
         assert HEARTBEAT_S - 1 < took < 3 * HEARTBEAT_S + 5, took
+
+
+HOG = """
+import time
+end = time.monotonic() + float(__import__("sys").argv[1])
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_under_a_cpu_hog_the_default_heartbeat_keeps_a_starved_pair_up_and_a_killed_leader_still_ends_it(tmp_path):
+    """Two spinning processes per core for at most 90 s beside the pair (on top of whatever else the machine
+    runs): the leader sends its command 10 s after start-up, the follower gets it, then the leader is SIGKILLed."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, "90"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        (leader, l0), (follower, l1) = _pair(tmp_path, 10.0, False, heartbeat="default")
+        out = tmp_path / "p1.log"
+        try:
+            deadline = time.monotonic() + 80
+            while time.monotonic() < deadline and "got hello" not in out.read_text() and follower.poll() is None:
+                time.sleep(0.2)
+            text = out.read_text()
+            assert follower.poll() is None and leader.poll() is None and "got hello {'x': 1}" in text, \
+                text[-3000:] + (tmp_path / "p0.log").read_text()[-3000:]
+            assert "heartbeat 300s (--heartbeat-timeout" in text  # the default, logged at start-up
+            stall = float(text.split("longest stall ")[1].split("s")[0])
+            t0 = time.monotonic()
+            leader.send_signal(signal.SIGKILL)
+            rc = follower.wait(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            for p in (leader, follower):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            l0.close()
+            l1.close()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    text = out.read_text()
+    print(f"under the hog: the follower's longest stall {stall:.2f}s; it stopped {took:.1f}s after the leader's "
+          f"SIGKILL with status {rc}")
+    assert stall < 30, stall  # far below the 300 s default
+    assert rc != 0 and "second command?!" not in text
+    assert took < 15, took  # the closed sockets, not the 300 s heartbeat timeout
+    assert "the leader task was preempted/died" in text or "lost the leader (process 0)" in text, text[-3000:]
+
+
+LOOP = """
+import time
+import numpy as np
+from scalerl_jax import distributed as dist
+dist.initialize(dist.resolve())
+ch = dist.Channel(poll_s=0.5)
+for i in range(10**6):
+    if dist.is_leader():
+        time.sleep(0.5)
+        ch.send("step", {"i": i}, {"batch": np.full(1000, i, np.float32)})
+    else:
+        cmd, meta, arrays = ch.recv()
+        assert float(arrays["batch"][0]) == meta["i"] == i
+    if i == 3:
+        print("3 commands", flush=True)
+"""
+
+
+def test_a_killed_follower_ends_the_leader_at_its_next_collective_not_after_the_heartbeat_timeout(tmp_path):
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-c", LOOP], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    leader, follower = procs
+    try:
+        for line in follower.stdout:  # the follower has received 4 broadcast batches
+            if "3 commands" in line:
+                break
+        follower.kill()
+        t0 = time.monotonic()
+        rc = leader.wait(timeout=120)
+        took = time.monotonic() - t0
+        text = leader.stdout.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            p.stdout.close()
+    print(f"the leader exited {took:.1f}s after its follower's SIGKILL, status {rc}")
+    assert "heartbeat 300s" in text  # the default: not what ended it
+    assert rc == 1 and took < 15, (rc, took, text[-3000:])
+    assert "Connection closed by peer" in text and \
+        "[dist] process 0 failed (JaxRuntimeError): exiting without jax.distributed's shutdown barrier" in text

@@ -1,5 +1,7 @@
 """The launcher's per-rank GPU split (``--gpus-per-process``): the environment each rank receives, checked in
-``child_env`` / ``plan_gpus`` and in real launches of tiny children that print their environment (no JAX)."""
+``child_env`` / ``plan_gpus`` and in real launches of tiny children that print their environment (no JAX). Its
+heartbeat diagnosis: a process ended by the coordination service's heartbeat check is called busy (raise
+``--heartbeat-timeout``), dead or stopped from what the launcher saw of the silent processes."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerl_jax.launch import LaunchError, child_env, host_gpus, plan_gpus, rank_gpus
+from scalerl_jax.launch import LaunchError, child_env, heartbeat_diagnosis, host_gpus, plan_gpus, rank_gpus
 from tests.conftest import ROOT
 
 SMI = """#!/bin/sh
@@ -112,3 +114,37 @@ def test_a_launch_asking_for_more_gpus_than_the_host_has_starts_nothing(tmp_path
     assert "the GPU count could not be checked: CUDA_VISIBLE_DEVICES is unset and nvidia-smi -L could not run" \
         in r.stdout
     assert {k: e["CUDA_VISIBLE_DEVICES"] for k, e in _children(r.stdout).items()} == {0: "0,1", 1: "2,3"}
+
+
+# JAX's own lines (jaxlib 0.10) when the coordination service found processes 1 and 0 silent
+SILENT = ("[dist] timeouts: start-up 300s (--dist-timeout); heartbeat 60s (--heartbeat-timeout: ...)\n"
+          "F1203 client.h:80] Terminating process because the JAX distributed service detected fatal errors. ... "
+          "UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):\n1\n0\nThe tasks have crashed.")
+
+
+def test_the_heartbeat_diagnosis_tells_busy_from_dead_and_stopped():
+    busy = heartbeat_diagnosis(SILENT, {}, set(), 2)
+    assert "declared process(es) 0, 1 dead (stopped sending heartbeats), but the launcher saw every process of " \
+        "the 2 alive and running until then: busy, not dead" in busy
+    assert "Raise --heartbeat-timeout (it was 60s)" in busy
+    # process 1 had been SIGKILLed (signal 9) before process 0 reported it silent: dead, and no advice to raise
+    dead = heartbeat_diagnosis(SILENT, {1: -9}, set(), 2)
+    assert "process 1 was killed by SIGKILL before (dead, not busy)" in dead and "Raise" not in dead
+    stopped = heartbeat_diagnosis(SILENT, {}, {1}, 2)
+    assert "saw process(es) 1 stopped (state T" in stopped and "Raise" not in stopped
+    # another process had exited cleanly: only the silent ones are said to have been alive; no timeouts line
+    assert "saw process(es) 0, 1 of the 3 alive" in heartbeat_diagnosis(SILENT.split("\n", 1)[1], {2: 0}, set(), 3)
+    assert "it was" not in heartbeat_diagnosis(SILENT.split("\n", 1)[1], {}, set(), 2)
+    assert heartbeat_diagnosis("Traceback ... ValueError: bad batch", {}, set(), 2) is None  # not a heartbeat end
+
+
+def test_a_real_launch_says_a_silent_process_that_was_alive_was_busy(tmp_path):
+    """Rank 1 of 3 ends as JAX ends a process after the service found 1 and 0 silent, while every process runs."""
+    r = subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", "3", "--grace", "2",
+                        "--log-dir", str(tmp_path), "--", "tests._heartbeat_child", "1"], cwd=ROOT, env=_base(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 134, (r.returncode, r.stderr)  # 128 + SIGABRT, as the process ended
+    assert "process 1 was killed by SIGABRT; stopping the other processes" in r.stderr
+    assert "declared process(es) 0, 1 dead (stopped sending heartbeats), but the launcher saw every process of the " \
+        "3 alive and running until then: busy, not dead" in r.stderr
+    assert "Raise --heartbeat-timeout (it was 12s) on the command and continue with --resume" in r.stderr

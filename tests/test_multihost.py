@@ -161,7 +161,7 @@ def test_a_killed_process_takes_the_run_down_and_resume_continues(smoke_run, tmp
         assert all(p.poll() is None for p in procs), (tmp_path / "p0.log").read_text()[-3000:]
         procs[1].send_signal(signal.SIGKILL)
         t0 = time.monotonic()
-        rc0 = procs[0].wait(timeout=120)  # the heartbeat timeout is 60 // 5 = 12 s
+        rc0 = procs[0].wait(timeout=120)  # gloo's closed connection at its next collective, not the heartbeat
         took = time.monotonic() - t0
     finally:
         for p in procs:
@@ -170,7 +170,8 @@ def test_a_killed_process_takes_the_run_down_and_resume_continues(smoke_run, tmp
         for f in logs:
             f.close()
     assert rc0 != 0 and took < 60, (rc0, took)
-    assert "another task died" in (tmp_path / "p0.log").read_text() or "unhealthy" in (tmp_path / "p0.log").read_text()
+    log0 = (tmp_path / "p0.log").read_text()
+    assert "exiting without jax.distributed's shutdown barrier" in log0 or "another task died" in log0, log0[-3000:]
     first = [r["step"] for r in _rows(out, "train")]
     assert first and max(first) < 8
 

@@ -275,27 +275,26 @@ def initialize(cfg: DistConfig | None, log=print) -> StallWatch | None:
     return StallWatch(jax.process_index(), cfg.heartbeat_timeout_s, log=log).start()
 
 
-def _exit_without_barrier(previous, process: int):
-    """An uncaught exception ends a multi-process process at once. Python's exit would run JAX's atexit
+def _exit_without_barrier(previous, process: int, grace_s: float = 10.0):
+    """An uncaught exception ends a multi-process process within ``grace_s``. Python's exit runs JAX's atexit
     ``jax.distributed.shutdown``, whose barrier waits for every process: when the error is another process's death
-    (gloo: "Connection closed by peer"), it waited until the dead one's heartbeats timed out. Instead: the
-    traceback, the other exit handlers (stopping generator fleets ...), then exit status 1 without the barrier.
-    This process's closed sockets then end the others (the followers at once when this is the leader; the
-    leader at its next collective)."""
+    (gloo: "Connection closed by peer"), that wait lasted until the dead one's heartbeats timed out. The traceback
+    and the exit handlers (stopping generator fleets, the barrier) still run; a timer ends the process with
+    status 1 if they have not finished after ``grace_s`` (processes that are alive meet the barrier sooner: a
+    leader's error then reaches its followers as its "stop" message). This process's closed sockets then end the
+    others (the followers at once when this is the leader; the leader at its next collective)."""
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
-        print(f"[dist] process {process} failed ({kind.__name__}): exiting without jax.distributed's shutdown "
-              "barrier", file=sys.stderr, flush=True)
-        try:
-            from jax._src import api
 
-            atexit.unregister(api.clean_up)
-            atexit._run_exitfuncs()
-        finally:
+        def leave() -> None:
+            time.sleep(grace_s)
+            print(f"[dist] process {process} failed ({kind.__name__}): exiting without jax.distributed's shutdown "
+                  f"barrier after {grace_s:g}s", file=sys.stderr, flush=True)
             sys.stdout.flush()
-            sys.stderr.flush()
             os._exit(1)
+
+        threading.Thread(target=leave, name="scalerl-exit-timer", daemon=True).start()
 
     return hook
 

@@ -7,8 +7,8 @@
   SIGKILL ends the follower at once with JAX's message that the leader died, one that hangs (SIGSTOP) ends it
   after the heartbeat timeout. The same with the default heartbeat timeout while a CPU hog keeps every core busy:
   the starved pair stays up, and a killed leader still ends the follower within seconds, not after the timeout.
-  A killed follower ends the leader at its next collective (gloo's closed connection), also within seconds: the
-  leader leaves without waiting in JAX's shutdown barrier for the dead process.
+  A killed follower ends the leader at its next collective (gloo's closed connection) and 10 s in JAX's shutdown
+  barrier, not after the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -266,6 +266,7 @@ def test_a_killed_follower_ends_the_leader_at_its_next_collective_not_after_the_
             p.stdout.close()
     print(f"the leader exited {took:.1f}s after its follower's SIGKILL, status {rc}")
     assert "heartbeat 300s" in text  # the default: not what ended it
-    assert rc == 1 and took < 15, (rc, took, text[-3000:])
-    assert "Connection closed by peer" in text and \
-        "[dist] process 0 failed (JaxRuntimeError): exiting without jax.distributed's shutdown barrier" in text
+    # its error at once, then at most 10 s in JAX's shutdown barrier, which waits for the dead process
+    assert rc == 1 and 9 < took < 30, (rc, took, text[-3000:])
+    assert "Connection closed by peer" in text and "[dist] process 0 failed (JaxRuntimeError): exiting without " \
+        "jax.distributed's shutdown barrier after 10s" in text

@@ -69,9 +69,9 @@ class RunArgs:
     """validate the configuration and AOT-compile the train step on an abstract mesh (no accelerator, no weights),
     printing per-device memory"""
     devices: Annotated[int | None, tyro.conf.arg(metavar="N")] = None
-    """--dry-run: trainer devices to compile for (default: the preset's), e.g. 8 for one 8-GPU node"""
+    """trainer devices the dry run compiles for (default: the preset's), e.g. 8 for one 8-GPU node"""
     device_memory_gb: Annotated[float | None, tyro.conf.arg(metavar="M")] = None
-    """--dry-run: memory per device in GB to check the init and step peaks against (default 186, a GB200; H100 80,
+    """memory per device in GB the dry run checks the init and step peaks against (default 186, a GB200; H100 80,
     H200 141)"""
     model: str | None = None
     """HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its tokenizer.json): replaces

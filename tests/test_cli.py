@@ -115,14 +115,16 @@ def _leaf_fields(cfg, prefix: str = ""):
 def _type_shown(typ) -> str:
     """How tyro writes a field's type in --help."""
     union = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
-    (t,) = [u for u in union if u is not type(None)]
-    if typing.get_origin(t) is typing.Literal:
-        shown = "{" + ",".join(map(str, typing.get_args(t))) + "}"
-    elif typing.get_origin(t) is tuple:
-        item = typing.get_args(t)[0].__name__.upper()
-        shown = f"[{item} [{item} ...]]"
-    else:
-        shown = t.__name__.upper()
+
+    def one(t) -> str:
+        if typing.get_origin(t) is typing.Literal:
+            return "{" + ",".join(map(str, typing.get_args(t))) + "}"
+        if typing.get_origin(t) is tuple:
+            item = typing.get_args(t)[0].__name__.upper()
+            return f"[{item} [{item} ...]]"
+        return t.__name__.upper()
+
+    shown = "|".join(one(t) for t in union if t is not type(None))  # e.g. INT|{auto} for a number or "auto"
     return ("{None}|" + shown) if type(None) in union else shown
 
 

@@ -92,6 +92,14 @@ def test_launcher_environment_resolves_with_its_device_ids():
     for bad in ("a,b", "0,0", "-1"):
         with pytest.raises(ConfigError, match="SCALERL_LOCAL_DEVICE_IDS"):
             resolve(env={**env, "SCALERL_LOCAL_DEVICE_IDS": bad})
+    # the two timeouts are separate; defaults 300 s each; nonsense is refused naming the flag
+    assert (cfg.init_timeout_s, cfg.heartbeat_timeout_s) == (300, 300)
+    cfg = resolve(env=env, init_timeout_s=60, heartbeat_timeout_s=900)
+    assert (cfg.init_timeout_s, cfg.heartbeat_timeout_s) == (60, 900)
+    with pytest.raises(ConfigError, match=r"--heartbeat-timeout must be a whole number of seconds >= 1, got 0"):
+        resolve(env=env, heartbeat_timeout_s=0)
+    with pytest.raises(ConfigError, match=r"--dist-timeout must be .* got -5"):
+        resolve(env={}, init_timeout_s=-5)
 
 
 # ---- the channel, two real processes ------------------------------------------------------------------------

@@ -23,7 +23,9 @@ silent for ``heartbeat_timeout_s`` (``--heartbeat-timeout``, default :data:`HEAR
 leaving the others in a collective forever. Busy is not dead: a long compile or checkpoint save, or an overloaded
 machine, stalls a healthy process, so the default is far above the longest stall measured; :class:`StallWatch`
 logs every process's stalls against it. A process that dies is noticed sooner: a dead leader's closed sockets end
-the followers at once, and the launcher stops the rest as soon as any process exits.
+the followers at once, a dead follower fails the leader's next collective (and an uncaught error waits at most
+10 s in JAX's shutdown barrier: :func:`_exit_without_barrier`), and the launcher stops the rest as soon as any
+process exits.
 
 Roles. Process 0 is the leader: it reads data, talks to the generators, scores, writes metrics, reports and the
 fit. Every process holds its shards of the train state and runs the same jitted train step on one global mesh.
@@ -53,7 +55,7 @@ from scalerl_jax.config import ConfigError
 INIT_TIMEOUT_S = 300
 # A process whose heartbeats stop for this long is declared dead and the run ends. Well above the longest stall of
 # a healthy process measured on a loaded 2-core machine (BUILD.md, Multi-host trainer); a process that dies is
-# not waited for this long: its closed sockets end the others at once (leader), or the launcher / srun
+# not waited for this long: its closed sockets end the others (module docstring), and the launcher / srun
 # --kill-on-bad-exit stops the rest when it exits.
 HEARTBEAT_TIMEOUT_S = 300
 

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from scalerl_jax.config import ConfigError
-from scalerl_jax.distributed import resolve, slurm_coordinator, slurm_first_host, slurm_tasks_on_node
+from scalerl_jax.distributed import StallWatch, resolve, slurm_coordinator, slurm_first_host, slurm_tasks_on_node
 from scalerl_jax.launch import free_port
 from tests.conftest import ROOT
 
@@ -100,6 +100,28 @@ def test_launcher_environment_resolves_with_its_device_ids():
         resolve(env=env, heartbeat_timeout_s=0)
     with pytest.raises(ConfigError, match=r"--dist-timeout must be .* got -5"):
         resolve(env={}, init_timeout_s=-5)
+
+
+def test_the_stall_watch_measures_how_long_the_process_did_not_run():
+    """The main thread keeps the GIL for 1.5 s (a 5 s switch interval): the watch thread cannot run meanwhile."""
+    lines: list[str] = []
+    watch = StallWatch(3, 8, period_s=0.05, report_s=0.5, log=lines.append).start()
+    time.sleep(0.3)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.5:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+    time.sleep(0.3)
+    watch.close()
+    assert 1.2 < watch.longest_s < 3.0, watch.longest_s
+    stalls = [s for s in lines if s.startswith("[dist] process 3 did not run for ")]
+    assert len(stalls) == 1 and "heartbeat timeout 8s" in stalls[0], lines  # the 0.05 s wake-ups are below 0.5 s
+    assert float(stalls[0].split(" for ")[1].split("s")[0]) == pytest.approx(watch.longest_s, abs=0.05)
+    assert lines[-1] == f"[dist] process 3: longest stall {watch.longest_s:.1f}s (heartbeat timeout 8s)"
 
 
 # ---- the channel, two real processes ------------------------------------------------------------------------

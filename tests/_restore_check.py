@@ -19,8 +19,8 @@ from scalerl_jax.train.step import state_shardings
 
 def main(run: str, out: str) -> None:
     cfg = json.load(open(f"{run}/config.json"))
-    cfg.pop("base_model", None)
-    cfg.pop("sandbox_active", None)
+    for key in ("base_model", "sandbox_active", "max_prompt_len_asked"):  # what the run adds to its config
+        cfg.pop(key, None)
     exp = from_dict(ExperimentConfig, cfg)
     abstract, shardings = state_shardings(exp.model, make_optimizer(exp.train), shd.make_mesh(exp.mesh))
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)

@@ -10,12 +10,15 @@ set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs.
 subprocesses it waited for): on a shared machine a clearer measure of a test's cost than ``--durations``' wall time.
 """
 
+import contextlib
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,23 +73,29 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _background_cpu() -> float:
+    return sum(run.cpu_seconds for run in BACKGROUND_RUNS)
+
+
 class CpuDurations:
     """``--cpu-durations N``: each test's CPU seconds (setup, call and teardown; a module or session fixture's
-    processes count where they are reaped), carried in its report, the N largest listed at the end."""
+    processes count where they are reaped, the background whole runs apart), carried in its report, the N largest
+    listed at the end."""
 
     def __init__(self, n: int):
         self.n, self.times, self.start = n, [], {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        self.start[item.nodeid] = cpu_seconds()
+        self.start[item.nodeid] = cpu_seconds() - _background_cpu()
         yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
         if call.when == "teardown" and item.nodeid in self.start:
-            outcome.get_result().user_properties.append(("cpu_seconds", cpu_seconds() - self.start.pop(item.nodeid)))
+            used = cpu_seconds() - _background_cpu() - self.start.pop(item.nodeid)
+            outcome.get_result().user_properties.append(("cpu_seconds", used))
 
     def pytest_runtest_logreport(self, report):
         cpu = dict(report.user_properties).get("cpu_seconds") if report.when == "teardown" else None
@@ -101,6 +110,8 @@ class CpuDurations:
         for cpu, nodeid in times[:self.n or None]:
             tr.write_line(f"{cpu:9.1f}s cpu  {nodeid}")
         tr.write_line(f"{sum(c for c, _ in times):9.1f}s cpu  all {len(times)} tests (collection not counted)")
+        for run in BACKGROUND_RUNS:
+            tr.write_line(f"{run.cpu_seconds:9.1f}s cpu  in the background: {' '.join(run.argv[2:-2])}")
 
 
 @pytest.fixture
@@ -117,15 +128,95 @@ def pallas_interpret() -> bool | None:
     return interpret_from_env()
 
 
+class BackgroundRun:
+    """One whole experiment run (``python -m MODULE ARGS --out DIR``) in a subprocess that may start before the
+    test that needs it. ``start`` is idempotent; ``reap`` (the background thread's) waits for the process and keeps
+    its CPU seconds; ``result`` starts the run if nobody has, waits for it and returns the run directory, or fails
+    with the end of its log."""
+
+    def __init__(self, module: str, args: list[str], out: Path):
+        self.argv = [sys.executable, "-m", module, *args, "--out", str(out)]
+        self.out, self.log = out, out.parent / f"{out.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.started, self.cpu_seconds, self.closed = 0.0, 0.0, False
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.proc is None and not self.closed:
+                with open(self.log, "w") as f:  # the child keeps its own copy of the descriptor
+                    self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+                self.started = time.monotonic()
+
+    def reap(self) -> None:
+        try:
+            if self.proc is not None:
+                _, status, usage = os.wait4(self.proc.pid, 0)
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        finally:
+            self.done.set()
+
+    def result(self) -> Path:
+        self.start()
+        if not self.done.wait(timeout=max(1.0, self.started + SMOKE_TIMEOUT_S - time.monotonic())):
+            self.close()
+            raise AssertionError(f"{' '.join(self.argv[2:])} still running after {SMOKE_TIMEOUT_S} s: "
+                                 f"{self.log.read_text()[-3000:]}")
+        rc = self.proc.returncode
+        assert rc == 0, f"{' '.join(self.argv[2:])} exited {rc}: {self.log.read_text()[-3000:]}"
+        return self.out
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            if self.proc is not None and self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+
+
+BACKGROUND_RUNS: list[BackgroundRun] = []  # CpuDurations counts their CPU apart from the test that reaped them
+
+
+@pytest.fixture(scope="session", autouse=True)
+def whole_runs(request, tmp_path_factory):
+    """The whole runs that this session's tests need (the smoke preset: ``smoke_run``; the MoE smoke preset:
+    ``smoke_moe_run``), started one after the other in the background as the session starts: they are mostly
+    warm-start matmuls, and the tests that run meanwhile (one at a time) leave a core idle much of the time."""
+    wanted = {n for item in request.session.items for n in getattr(item, "fixturenames", ())}
+    runs: dict[str, BackgroundRun] = {}
+    if "smoke_run" in wanted and not os.environ.get("SCALERL_SMOKE_RUN"):
+        runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke"], tmp_path_factory.mktemp("smoke"))
+    if "smoke_moe_run" in wanted:
+        runs["smoke_moe"] = BackgroundRun("experiments.scout_moe", ["--preset", "smoke_moe", "--no-fit"],
+                                          tmp_path_factory.mktemp("smoke_moe"))
+    BACKGROUND_RUNS.extend(runs.values())
+
+    def one_after_another():
+        for run in runs.values():
+            run.start()
+            run.reap()
+
+    reaper = threading.Thread(target=one_after_another, daemon=True)
+    reaper.start()
+    yield runs
+    for run in reversed(runs.values()):  # the last first: a killed run must not let the thread start the next
+        run.close()
+    reaper.join(timeout=60)
+
+
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
+def smoke_run(whole_runs):
     """The whole smoke preset run once per session (warm start, RL, fit, report); its ``warmstart`` directory is
     the base model (``--model``) of the fleet, multi-process and fixed-prompt tests. SCALERL_SMOKE_RUN=DIR reuses
     a finished smoke run directory instead (for iterating on one test locally; CI always makes its own)."""
     if os.environ.get("SCALERL_SMOKE_RUN"):
         return Path(os.environ["SCALERL_SMOKE_RUN"])
-    out = tmp_path_factory.mktemp("smoke")
-    r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "smoke", "--out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    return out
+    return whole_runs["smoke"].result()
+
+
+@pytest.fixture(scope="session")
+def smoke_moe_run(whole_runs):
+    """The MoE smoke preset run once per session (its own warm start of the Llama-4-style model, RL, no fit)."""
+    return whole_runs["smoke_moe"].result()

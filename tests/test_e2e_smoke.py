@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SMOKE_TIMEOUT_S
+from tests.conftest import ROOT
 
 # Validation gain of the 48-step smoke run over its warm start, measured over seeds 0, 1, 2 (see MIN_GAIN_MEASURED);
 # the margin leaves room for seed-to-seed spread and eval noise (96 prompts x 4 samples: sd ~0.025).
@@ -122,15 +122,6 @@ def test_scout_preset_without_accelerators_names_tiny_moe():
     r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--preset tiny_moe" in r.stderr
-
-
-@pytest.fixture(scope="module")
-def smoke_moe_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke_moe")
-    r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "smoke_moe", "--out", str(out),
-                        "--no-fit"], cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    return out
 
 
 @pytest.mark.slow

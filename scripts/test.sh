@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Set up .venv (with the test extra: pytest, hypothesis, torch CPU, transformers, sglang-router) and run all tests.
+# Set up .venv (with the test extra: pytest, hypothesis, torch CPU, transformers, sglang-router) and run the tests
+# (--heavy: also the end-to-end checks marked heavy).
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "test"
 set +e
-# the 15 slowest tests close every run (a later --durations=N overrides it; --cpu-durations N lists CPU time)
-.venv/bin/python -m pytest tests --durations=15 "$@"
+# the 15 slowest tests close every run (a later --durations=N overrides it; --cpu-durations N lists CPU time).
+# Tests marked heavy (end-to-end checks of several minutes each) run only with --heavy, so that the suite fits CI.
+SELECT=(-m "not heavy")
+ARGS=()
+for a in "$@"; do
+  if [ "$a" = "--heavy" ]; then SELECT=(); else ARGS+=("$a"); fi
+done
+.venv/bin/python -m pytest tests --durations=15 ${SELECT[@]+"${SELECT[@]}"} ${ARGS[@]+"${ARGS[@]}"}
 rc=$?
 # pytest exits 5 when no test ran: that is a failure here, not a pass.
 if [ "$rc" -eq 5 ]; then echo "[test] no tests ran"; exit 1; fi

@@ -232,6 +232,7 @@ def _rows(out, kind):
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow  # about 90 s each on a loaded 2-core CPU: two servers and a router start per run
 @pytest.mark.parametrize("budget", ["64", "auto"])
 def test_user_model_and_gsm8k_run_on_the_small_preset(user_base, tmp_path, budget):

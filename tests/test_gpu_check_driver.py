@@ -146,6 +146,7 @@ def test_a_section_that_no_longer_fits_the_budget_is_skipped(fake):
     assert SECTION_MIN_S.keys() == FAST.keys()  # every section has a minimum
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_cpu_smoke_in_the_offline_image_venv(tmp_path):
     """benchmarks/offline_image_venv.sh: a Python 3.12 venv with only the GPU image's packages (built once, then

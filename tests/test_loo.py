@@ -224,6 +224,7 @@ def own_base(tmp_path_factory):
     return model_dir, data
 
 
+@pytest.mark.heavy
 @pytest.mark.slow  # 4 short runs (about 50 s of CPU; 2-3 minutes on a loaded 2-core machine)
 def test_loo_on_your_own_model_reruns_a_run_whose_config_changed(own_base, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(presets.PRESETS, "micro", _micro_own_plan)

@@ -68,6 +68,9 @@ class TrainerCore:
             self.restored = self._restore(steps)
         else:
             self.state = init_sharded_state(params, self.mcfg, self.optimizer, self.state_sh, stats=self.read_stats)
+            if self.read_stats.reads:
+                log(f"[dist] process {jax.process_index()}: read {self.read_stats.bytes_read / 1e9:.3f} GB of base "
+                    f"weights (its devices' blocks) in {self.read_stats.reads} slice reads")
 
     def _send(self, cmd: str, meta: dict[str, Any] | None = None, arrays: dict[str, np.ndarray] | None = None):
         if self.channel is not None:

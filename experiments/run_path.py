@@ -39,6 +39,7 @@ from experiments import budgets
 from experiments.base_models import BaseModel, prepare_base
 from experiments.common import ExperimentPlan, write_report
 from experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
+from experiments.preflight import check_programs
 from scalerl_jax.config import ConfigError, ExperimentConfig, generator_model
 
 R = dataclasses.replace
@@ -68,6 +69,7 @@ def check_inputs(plan: ExperimentPlan) -> None:
     from scalerl_jax.data.jsonl import DataError, load_jsonl
 
     exp = plan.exp
+    check_programs(exp)  # the router, servers and sandbox the run will start are installed (experiments/preflight.py)
     if plan.base_model:
         check_model_dir(plan.base_model)
     if exp.data.source == "jsonl" and exp.data.path:

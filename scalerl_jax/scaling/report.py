@@ -3,6 +3,7 @@ write summary.json, the plots and a short markdown report. ``fit_runs`` is what 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -55,12 +56,16 @@ def _caught(fn, *args, sink: list, **kwargs):
 def _load_curves(run_dirs, compute_key: str, per_task: bool = True) -> list[RunCurve]:
     """Read every run's eval curve; names made unique (a second ``run`` becomes ``run_1``). With ``per_task``, a
     multi-task run (eval rows with ``val_reward_<task>``) adds one curve per task, named ``<run>_<task>``, after
-    its combined curve: the paper fits a math+code run's math and code curves separately."""
-    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    its combined curve: the paper fits a math+code run's math and code curves separately. A RunCurve given in
+    ``run_dirs`` (another trainer's log, read by scaling.sources) is taken as it is."""
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path, RunCurve)) else list(run_dirs)
     if not run_dirs:
         raise ValueError("fit_runs: no run directories given")
     curves = []
     for d in run_dirs:
+        if isinstance(d, RunCurve):
+            curves.append(dataclasses.replace(d))  # a copy: names may be made unique below
+            continue
         combined = load_run(d, compute_key=compute_key)
         curves.append(combined)
         for key in task_keys(d) if per_task else []:
@@ -119,7 +124,7 @@ def _held_out(curve: RunCurve, held: np.ndarray, post, target: float) -> dict:
     }
 
 
-def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_compute, compute_key: str):
+def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_compute):
     """The point fits (grid, power law) of one run beside its posterior, and its summary.json entry.
 
     Returns (entry, grid fit, power-law fit or None, target compute). The fits' warnings are appended to
@@ -139,7 +144,7 @@ def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_
     mean_t, lo_t, hi_t = (float(v[0]) for v in post.predict([target]))
     entry = {
         "path": curve.path,
-        "compute_key": compute_key,
+        "compute_key": curve.compute_key,
         "reward_key": curve.reward_key,
         "n_points": int(curve.compute.size),
         "n_fit": int(np.sum(mask & (curve.compute >= excl))),
@@ -202,12 +207,14 @@ def fit_runs(
     predict the reward at ``target_compute`` and compare runs; write summary.json, plots and report.md.
 
     Args:
-        run_dirs: run directories (each with metrics.jsonl) or metrics.jsonl paths.
+        run_dirs: run directories (each with metrics.jsonl), metrics.jsonl paths, or RunCurve objects (curves
+            read from other trainers' logs by scaling.sources: CSV, TensorBoard, W&B).
         out_dir: where summary.json, report.md and the PNG/SVG figures go.
         target_compute: compute to predict at; default the run's last eval when it ran past the fit window,
             else twice the window (the paper's protocol: fit on half, predict the whole).
         exclude_below: drop points below this compute from every fit (the paper's first ~1.5k GPU-h).
-        compute_key: eval-row column used as compute ("device_hours" or "flops").
+        compute_key: eval-row column of the run directories used as compute ("device_hours" or "flops"); a
+            RunCurve keeps its own.
         per_task: also fit each task's curve of a multi-task run (``val_reward_<task>``), as ``<run>_<task>``.
         posteriors_out: a dict to receive every fit's SigmoidPosterior by curve name (its draws, for comparisons
             beyond the pairwise table, e.g. experiments.loo's seed averages).
@@ -230,14 +237,14 @@ def fit_runs(
     for curve in curves:
         name = curve.name
         runs[name], grid, power, target = _fit_run(curve, windows[name], posteriors[name], notes[name], excl=excl,
-                                                   target_compute=target_compute, compute_key=compute_key)
+                                                   target_compute=target_compute)
         if make_plots:
             fig = plot_fit(curve, posteriors[name], windows[name][1], target, grid_fit=grid, power_fit=power,
-                           compute_label=compute_key)
+                           compute_label=curve.compute_key)
             figures += save(fig, out, f"fit_{name}")
 
     # runs are compared on their combined curves (a run's task curves are parts of it, not rivals)
-    combined = {c.name: posteriors[c.name] for c in curves if c.reward_key == "val_reward"}
+    combined = {c.name: posteriors[c.name] for c in curves if not c.reward_key.startswith(TASK_PREFIX)}
     pairwise, shared = _compare(combined, seed=seed, num_samples=num_samples, num_chains=num_chains)
     if make_plots:
         figures += _plot_overview(curves, posteriors, pairwise, out)
@@ -251,16 +258,16 @@ def fit_runs(
         "figures": figures,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    (out / "report.md").write_text(_markdown(summary, posteriors, pairwise, compute_key))
+    (out / "report.md").write_text(_markdown(summary, posteriors, pairwise))
     return summary
 
 
-def _markdown(summary: dict, posteriors: dict, pairwise: list, compute_key: str) -> str:
+def _markdown(summary: dict, posteriors: dict, pairwise: list) -> str:
     """report.md: per run the fit window, the prediction, how it held up on later evals and the diagnostics;
     then the parameter table and the paper's comparison rule for every pair."""
     lines = ["# Scaling fit report", ""]
     for name, e in summary["runs"].items():
-        p = e["prediction"]
+        p, compute_key = e["prediction"], e["compute_key"]
         lines.append(f"## {name}")
         lines.append("")
         lines.append(

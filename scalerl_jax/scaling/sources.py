@@ -210,23 +210,21 @@ def _wandb_record_bytes(file: Path):
     ident, magic, version = _WANDB_HEADER.unpack_from(data)
     if ident != b":W&B" or magic != 0xBEE1 or version != 0:
         raise ValueError(f"{file}: not a W&B run log this reader knows (header {data[:7]!r})")
-    pos, parts = _WANDB_HEADER.size, []
+    pos, parts, intact = _WANDB_HEADER.size, [], True
     while pos < len(data):
         left = _WANDB_BLOCK - pos % _WANDB_BLOCK
         if left < _WANDB_RECORD.size:  # a block's tail too short for a chunk header is zero padding
             pos += left
             continue
-        if pos + _WANDB_RECORD.size > len(data):
-            break
-        crc, length, kind = _WANDB_RECORD.unpack_from(data, pos)
+        crc, length, kind = _WANDB_RECORD.unpack_from(data, pos) if pos + _WANDB_RECORD.size <= len(data) else \
+            (None, 0, None)
         chunk = data[pos + _WANDB_RECORD.size:pos + _WANDB_RECORD.size + length]
-        if kind == 0 and length == 0:  # zero padding at the end of a block
+        if crc == 0 and length == 0 and kind == 0:  # zero padding at the end of a block
             pos += left
             continue
-        if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != crc:
-            warnings.warn(f"{file}: log ends in a damaged or truncated record at byte {pos}; read up to there",
-                          ScalingFitWarning, stacklevel=3)
-            return
+        if crc is None or len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != crc:
+            intact = False
+            break
         pos += _WANDB_RECORD.size + length
         parts.append(chunk)
         if kind in (1, 4):  # a full record, or the last chunk of a split one
@@ -234,6 +232,9 @@ def _wandb_record_bytes(file: Path):
             parts = []
         elif kind not in (2, 3):
             raise ValueError(f"{file}: unknown chunk type {kind} at byte {pos}")
+    if parts or not intact:
+        warnings.warn(f"{file}: the log ends in a truncated or damaged record at byte {pos}; read the ones before",
+                      ScalingFitWarning, stacklevel=3)
 
 
 def _wandb_logs(path: Path) -> list[Path]:

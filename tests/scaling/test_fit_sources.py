@@ -116,6 +116,13 @@ def test_wandb_offline_history_gives_the_metrics_jsonl_posterior(tmp_path, monke
     rows = read_wandb_run(tmp_path / "wandb")
     assert [r["_step"] for r in rows] == [s for e in EVALS for s in (e["step"], e["step"] + 1)]
     assert [r["eval/val_reward"] for r in rows[::2]] == [e["val_reward"] for e in EVALS]
+    # a run killed mid-write: the log's tail is cut inside a record; the rows before it are read, with a warning
+    log = next((tmp_path / "wandb").rglob("run-srcs0001.wandb"))
+    data = log.read_bytes()
+    (tmp_path / "cut.wandb").write_bytes(data[:len(data) // 2])
+    with pytest.warns(ScalingFitWarning, match="truncated or damaged record"):
+        head = read_wandb_run(tmp_path / "cut.wandb")
+    assert 0 < len(head) < len(rows) and head == rows[:len(head)]
     runs = _cli(["--wandb-history", str(tmp_path / "wandb"), "--compute-col", "eval/device_hours", "--reward-col",
                  "eval/val_reward", "--n-col", "eval/val_n", "--k-col", "eval/val_k"], tmp_path / "out")
     _same_fit(runs["wandb"], reference)

@@ -260,8 +260,8 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
             b = e["bayes"]["summary"] if "summary" in e["bayes"] else e["bayes"]
             p = e["prediction"]
             what = e.get("reward_key", "val_reward")
-            lines += [f"## Scaling fit of {'val_reward' if what == 'val_reward' else what} (`{name}`, first half "
-                      "of compute)", "",
+            part = ("all" if fit_summary.get("settings", {}).get("fit_until") == 1.0 else "first half") + " of compute"
+            lines += [f"## Scaling fit of {'val_reward' if what == 'val_reward' else what} (`{name}`, {part})", "",
                       f"Fitted on {e['n_fit']} eval points up to {e['fit_until_compute']:.5f} device-hours.", ""]
             for k in ("A", "B", "C_mid"):
                 if k in b:
@@ -279,7 +279,37 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
             lines += ["", "Plots and the fit's own report: `fit/` (fit_*.png, A_posteriors.png, efficiency.png).", ""]
     elif fit_summary:
         lines += ["## Scaling fit", "", f"The fit failed: {fit_summary.get('error')}", ""]
+    lines += forecast_lines(summary)
     (run_dir / "report.md").write_text("\n".join(lines))
+
+
+def forecast_lines(summary: dict) -> list[str]:
+    """report.md's section on the live forecast: how it moved, the baseline comparison, an early stop's reason."""
+    h, f = summary.get("forecast_history"), summary.get("forecast") or {}
+    lines = []
+    if summary.get("stopped_early"):
+        lines += ["## Stopped early", "", f"The run {summary['stopped_early']}.", ""]
+    if not h:
+        return lines
+    lines += ["## The forecast while it ran", "",
+              f"{h['n']} refits of the law on every eval so far (refit process: {f.get('fit_seconds', 0):.0f}s, "
+              f"{f.get('share_of_wall', 0):.1%} of the RL wall time; {f.get('skipped_for_budget', 0)} evals' refits "
+              "skipped for the time budget). Last forecast: A "
+              f"{h['A_mean'][-1]:.3f} [{h['A_lo'][-1]:.3f}, {h['A_hi'][-1]:.3f}], predicted final reward "
+              f"{h['R_target_mean'][-1]:.3f} [{h['R_target_lo'][-1]:.3f}, {h['R_target_hi'][-1]:.3f}] at "
+              f"{h['target_compute'][-1]:.4g}."]
+    if h.get("final_reward") is not None:
+        held = (f"every forecast from {h['held_from_compute']:.4g} on ({h['held_from_fraction']:.0%} of the run's "
+                "compute) held it in its 90 % interval" if h.get("held_from_compute") is not None
+                else "the last forecast's 90 % interval did not hold it")
+        lines.append(f"Observed final reward {h['final_reward']:.3f} at {h['final_compute']:.4g}: {held}.")
+    if summary.get("forecast_baseline"):
+        b = summary["forecast_baseline"]
+        lines.append(f"Against the baseline `{b['dir']}` (A {b['baseline_A_mean']:.3f}): P(A > A_baseline) = "
+                     f"{b['P_A_gt_baseline']:.3f}, P(B > B_baseline) = {b['P_B_gt_baseline']:.3f} "
+                     f"(rule: {b['baseline_rule']}).")
+    lines += ["", "![forecast](fit/forecast.png)", ""]
+    return lines
 
 
 # ---- dry run of a real preset ------------------------------------------------------------------------------

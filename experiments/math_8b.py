@@ -88,6 +88,12 @@ class RunArgs:
     stop them at exit; 0: the embedded in-process engine"""
     fit: bool = True
     """fit the scaling law and write the report at the end (--no-fit skips both)"""
+    baseline: Annotated[str | None, tyro.conf.arg(metavar="RUN_DIR")] = None
+    """a run of the same task (finished or still running) to compare with: each live forecast row adds
+    P(A > A_baseline) and P(B > B_baseline), shown in the progress line (same as --forecast.baseline)"""
+    stop_if_worse: Annotated[float | None, tyro.conf.arg(metavar="P")] = None
+    """stop the run once P(A < A_baseline) >= P, after at least --forecast.stop-min-evals evals (needs --baseline);
+    the run ends normally, with its fit and report, and says why in summary.json and report.md"""
     print_config: bool = False
     """print the resolved configuration as JSON and exit"""
     set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE"), tyro.conf.UseAppendAction] = ()
@@ -158,6 +164,11 @@ def apply_run_flags(plan: ExperimentPlan, args: Any, prog: str) -> ExperimentPla
             exp = dataclasses.replace(exp, rollout=dataclasses.replace(
                 exp.rollout, engine="sglang" if args.generators else "embedded", sglang_urls=(),
                 local_servers=args.generators))
+        baseline, stop = getattr(args, "baseline", None), getattr(args, "stop_if_worse", None)
+        if baseline is not None or stop is not None:
+            exp = dataclasses.replace(exp, forecast=dataclasses.replace(
+                exp.forecast, baseline=baseline if baseline is not None else exp.forecast.baseline,
+                stop_if_worse=stop if stop is not None else exp.forecast.stop_if_worse))
     except ConfigError as e:
         cli_error(prog, str(e))
     return dataclasses.replace(plan, exp=exp, base_model=args.model or plan.base_model)

@@ -106,6 +106,40 @@ def check_inputs(plan: ExperimentPlan) -> None:
     budgets.check_completion_budget(exp)  # the interruption text's tokens are added once the tokenizer is loaded
     if ro.sglang_urls:
         check_urls(ro.sglang_urls)
+    if exp.forecast.baseline:
+        check_baseline(exp)
+
+
+def check_baseline(exp: ExperimentConfig, log=print) -> None:
+    """--baseline RUN_DIR: a run directory whose metrics.jsonl has enough evals on the forecast's compute axis to
+    fit its ceiling (it may still be running). A baseline whose config.json names other data is used with a warning:
+    comparing ceilings across tasks means little."""
+    import warnings
+
+    from scalerl_jax.scaling.io import load_run
+
+    fc = exp.forecast
+    base = Path(fc.baseline)
+    if not (base / "metrics.jsonl").is_file():
+        raise ConfigError(f"--baseline {base}: no metrics.jsonl there (give a run directory of the same task)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            n = load_run(base, compute_key=fc.compute_key).compute.size
+    except ValueError as e:
+        raise ConfigError(f"--baseline: {e}") from None
+    if n < fc.min_evals:
+        raise ConfigError(f"--baseline {base}: {n} eval rows with {fc.compute_key!r}; its ceiling needs at least "
+                          f"{fc.min_evals} (forecast.min_evals) to be fitted")
+    try:
+        theirs = json.loads((base / "config.json").read_text()).get("data", {})
+    except (OSError, ValueError):
+        theirs = {}
+    ours = dataclasses.asdict(exp.data)
+    differ = [k for k in ("source", "path", "code_source", "code_path") if k in theirs and theirs[k] != ours[k]]
+    if differ:
+        log(f"[forecast] warning: --baseline {base} ran on other data ({', '.join(f'data.{k}' for k in differ)} "
+            "differ): its ceiling may not be comparable")
 
 
 def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
@@ -398,6 +432,33 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     return out
 
 
+def forecast_report(run_dir: Path, summary: dict, log=print) -> None:
+    """The live forecast's history into ``summary`` ("forecast_history", "forecast_baseline") and its figure into
+    ``run_dir/fit/forecast.png``."""
+    from scalerl_jax.metrics import read_metrics
+    from scalerl_jax.scaling.forecast import forecast_history
+
+    rows = read_metrics(run_dir)
+    forecasts = [r for r in rows if r.get("kind") == "forecast"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not forecasts:
+        return
+    key = forecasts[-1].get("compute_key", "device_hours")
+    last = evals[-1] if evals else {}
+    h = forecast_history(forecasts, last.get(key), last.get("val_reward"))
+    summary["forecast_history"] = h
+    if "P_A_gt_baseline" in forecasts[-1]:
+        f = forecasts[-1]
+        summary["forecast_baseline"] = {"dir": summary.get("baseline_dir"), **{
+            k: f[k] for k in ("baseline_A_mean", "P_A_gt_baseline", "P_B_gt_baseline", "baseline_rule")}}
+    try:
+        from scalerl_jax.scaling.plots import plot_forecast, save
+
+        save(plot_forecast(h, compute_label=key), run_dir / "fit", "forecast")
+    except Exception as e:  # noqa: BLE001 -- a figure is never a reason to lose the run's summary
+        log(f"[run] forecast figure failed: {type(e).__name__}: {e}")
+
+
 def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,
           overwrite: bool = False) -> dict[str, Any]:
     from scalerl_jax.data.tokenizer import HFTokenizer
@@ -476,16 +537,20 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
                    base_made=base.made, dropped_long_prompts={k: dropped[k] for k in ("train", "val")},
                    prompt_budget={k: dropped[k] for k in ("max_prompt_len", "rule", "longest")}, seq_len=plan.seq_len,
                    length_check=watch.row if watch is not None else None, n_train=len(data.train), n_val=len(data.val),
+                   baseline_dir=exp.forecast.baseline,
                    sandbox={**sandbox, **({"runs": pool.stats()} if pool is not None else {})},
                    tasks={t: {"weight": (data.weights or {t: 1.0})[t], "n_train": sum(p.task == t for p in data.train),
                               "n_val": sum(p.task == t for p in data.val)} for t in data.tasks})
+    forecast_report(run_dir, summary, log=log)
     fit_summary = None
     if fit:
         from scalerl_jax.scaling.report import fit_runs
 
-        log("[run] fitting the sigmoid law on the first half of the run's compute")
+        # a run stopped early by --stop-if-worse is fitted on all its evals (its first half holds too few)
+        until = 1.0 if summary.get("stopped_early") else 0.5
+        log(f"[run] fitting the sigmoid law on {'all' if until == 1.0 else 'the first half'} of the run's compute")
         try:
-            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=0.5, num_samples=1000, num_chains=4)
+            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=until, num_samples=1000, num_chains=4)
         except Exception as e:  # noqa: BLE001 -- a failed fit must not lose the run; the report says why
             log(f"[run] scaling fit failed: {type(e).__name__}: {e}")
             fit_summary = {"error": f"{type(e).__name__}: {e}"}

@@ -460,6 +460,40 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ForecastConfig:
+    """The live forecast (scalerl_jax.scaling.live): after each eval from the ``min_evals``-th on, the law is refitted
+    on every eval so far in a background process, and a ``"kind": "forecast"`` row is written to metrics.jsonl."""
+
+    enabled: bool = True  # refit during the run (--no-forecast.enabled: only the fit at the end)
+    min_evals: int = 5  # evals (the step-0 eval included) before the first refit
+    compute_key: Literal["device_hours", "flops"] = "device_hours"  # the compute axis the refits use
+    num_samples: int = 500  # NUTS draws per chain of each refit
+    num_chains: int = 4  # NUTS chains (r-hat needs more than one)
+    num_warmup: int = 300  # NUTS adaptation steps of each refit (warm-started from the previous refit)
+    #: skip an eval's refit while the refits so far took more than this share of the run's wall time (the refit
+    #: process runs at low priority on the CPU, never on the accelerators)
+    max_share: float = 0.1
+    baseline: str | None = None  # run directory of the same task to compare each forecast with (--baseline)
+    #: stop the run once P(A_this < A_baseline) >= this, after ``stop_min_evals`` evals (--stop-if-worse)
+    stop_if_worse: float | None = None
+    stop_min_evals: int = 6  # evals (the step-0 eval included) a forecast must have been fitted on to stop a run
+
+    def __post_init__(self) -> None:
+        _check(self.min_evals >= 3, f"ForecastConfig.min_evals must be >= 3 (a 3-parameter law), got {self.min_evals}")
+        _check(self.num_chains >= 1 and self.num_samples >= 10 and self.num_warmup >= 10,
+               "ForecastConfig: need num_chains >= 1, num_samples >= 10 and num_warmup >= 10, got "
+               f"{self.num_chains}, {self.num_samples}, {self.num_warmup}")
+        _check(0 < self.max_share <= 1, f"ForecastConfig.max_share must be in (0, 1], got {self.max_share}")
+        if self.stop_if_worse is not None:
+            _check(0.5 < self.stop_if_worse < 1, "--stop-if-worse (forecast.stop_if_worse) is a probability in "
+                   f"(0.5, 1), got {self.stop_if_worse}")
+            _check(self.baseline is not None, "--stop-if-worse needs --baseline RUN_DIR (the run to compare with)")
+            _check(self.enabled, "--stop-if-worse needs the live forecast (forecast.enabled=true)")
+        _check(self.stop_min_evals >= self.min_evals, "ForecastConfig.stop_min_evals must be >= min_evals, got "
+               f"{self.stop_min_evals} < {self.min_evals}")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one run needs."""
 
@@ -471,7 +505,9 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the code reward's sandbox
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)  # the live forecast during the run
     out_dir: str = "runs/scalerl"  # run directory (--out sets it)
+    wandb_project: str | None = None  # also log every metrics row to this Weights & Biases project (--wandb-project)
 
 
 def generator_model(exp: ExperimentConfig) -> ModelConfig:

@@ -126,14 +126,13 @@ def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_sample
         return values, div, steps
 
     @jax.jit
-    def run(keys, args):
+    def run(keys, args, center, spread):
         z0_keys = jax.vmap(lambda k: jax.random.split(k, len(sites)))(keys)
-        # Uniform in [-1.5, 1.5] in the standardised unconstrained coordinates: spread over the prior's
-        # bulk, so disagreeing chains show up in r_hat instead of all starting at one point.
-        z0 = {s: jax.vmap(lambda k: jax.random.uniform(k, (), minval=-1.5, maxval=1.5))(z0_keys[:, i])
-              for i, s in enumerate(sites)}
-        if not counts:
-            z0["sigma"] = z0["sigma"] + jnp.log(0.02)
+        # Uniform in [center - spread, center + spread] in the standardised unconstrained coordinates. A cold
+        # start (center 0, spread 1.5) spreads the chains over the prior's bulk, so disagreeing chains show up
+        # in r_hat instead of all starting at one point; a warm start centres them on an earlier fit's medians.
+        z0 = {s: center[s] + jax.vmap(lambda k: jax.random.uniform(k, (), minval=-1.0, maxval=1.0))(
+            z0_keys[:, i]) * spread for i, s in enumerate(sites)}
         return jax.vmap(one_lane)(keys, z0, args)
 
     return run
@@ -313,7 +312,51 @@ def _check_run_args(num_samples, num_chains, num_warmup):
     return int(num_samples), int(num_chains), int(min(num_samples, 500) if num_warmup is None else num_warmup)
 
 
-def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup) -> list[SigmoidPosterior]:
+COLD_SPREAD = 1.5  # a cold start draws each unconstrained coordinate uniformly within +-1.5 of its centre
+WARM_SPREAD = 0.25  # a warm start: within +-0.25 of the earlier fit's median (chains still start apart)
+
+
+def _logit(p: float) -> float:
+    p = min(max(float(p), 1e-4), 1.0 - 1e-4)
+    return float(np.log(p / (1.0 - p)))
+
+
+def _start_point(prep: _Prepared, init: dict | None) -> tuple[dict, float]:
+    """The chains' starting centre in the sampler's unconstrained coordinates, and their spread around it.
+
+    ``init`` (a warm start): constrained values of an earlier fit ("A", "B", "C_mid" and, where this fit samples
+    them, "R0", "dispersion" or "sigma"), e.g. its posterior medians; None or a missing value: the cold start."""
+    fit_r0, counts, fix_a = prep.flags
+    centre = {s: 0.0 for s in _latent_sites(fit_r0, counts, fix_a)}
+    if not counts:
+        centre["sigma"] = float(np.log(0.02))
+    if not init:
+        return centre, COLD_SPREAD
+    sc = prep.scalars
+
+    def have(k):
+        v = init.get(k)
+        return v is not None and np.isfinite(v)
+
+    if have("B") and init["B"] > 0:
+        centre["z_B"] = (float(np.log(init["B"])) - B_PRIOR_LOC) / B_PRIOR_SCALE
+    if have("C_mid") and init["C_mid"] > 0:
+        centre["z_C"] = (float(np.log(init["C_mid"])) - sc["logc_loc"]) / sc["logc_scale"]
+    r0 = sc["r0"]
+    if fit_r0 and have("R0"):
+        centre["R0"] = _logit(init["R0"])
+        r0 = float(init["R0"])
+    if not fix_a and have("A") and r0 < 1.0:
+        centre["u_A"] = _logit((init["A"] - r0) / (1.0 - r0))
+    if counts and have("dispersion"):
+        centre["log_disp"] = float(np.log(max(np.log(max(init["dispersion"], 1.0)), 1e-3)))
+    if not counts and have("sigma") and init["sigma"] > 0:
+        centre["sigma"] = float(np.log(init["sigma"]))
+    return centre, WARM_SPREAD
+
+
+def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup,
+               inits: list[dict | None] | None = None) -> list[SigmoidPosterior]:
     flags = preps[0].flags
     if any(p.flags != flags for p in preps):
         raise ValueError("fit_bayes_batch: all data sets must agree on R0 fixed/fitted, counts given or not, and A")
@@ -321,7 +364,11 @@ def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup
     run = _runner(fit_r0, counts, fix_a, num_warmup, num_samples)
     args = _stack_args(preps, num_chains)
     keys = jax.random.split(jax.random.PRNGKey(seed), len(preps) * num_chains)
-    values, div, _ = run(keys, args)
+    starts = [_start_point(p, None if inits is None else inits[i]) for i, p in enumerate(preps)]
+    center = {s: jnp.asarray(np.repeat([c[s] for c, _ in starts], num_chains))
+              for s in _latent_sites(fit_r0, counts, fix_a)}
+    spread = jnp.asarray(np.repeat([w for _, w in starts], num_chains))
+    values, div, _ = run(keys, args, center, spread)
     values = {k: np.asarray(v, dtype=float) for k, v in values.items()}
     div = np.asarray(div)
     names = (["B", "C_mid"] if fix_a else ["A", "B", "C_mid"]) + (["R0"] if fit_r0 else [])
@@ -391,6 +438,7 @@ def fit_bayes(
     k_samples=None,
     A=None,
     exclude_below: float = 0.0,
+    init: dict | None = None,
 ) -> SigmoidPosterior:
     """Posterior over the ScaleRL law's parameters with NumPyro NUTS (chains vectorised on one device).
 
@@ -416,13 +464,16 @@ def fit_bayes(
         n_prompts, k_samples: val_n and val_k of the eval rows; select the binomial-like likelihood.
         A: fix the ceiling instead of fitting it.
         exclude_below: drop points with compute below this (the paper's early-phase cut).
+        init: a warm start, e.g. an earlier fit's posterior medians ({"A", "B", "C_mid", ...} in the model's own
+            units): the chains start within a small box around it instead of over the prior's bulk (the live
+            forecast refits a growing curve this way).
 
     Returns a SigmoidPosterior; warns (ScalingFitWarning) when any R-hat exceeds 1.01, NUTS diverged,
     or the ceiling runs into its bound.
     """
     num_samples, num_chains, num_warmup = _check_run_args(num_samples, num_chains, num_warmup)
     prep = _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below)
-    post = _run_batch([prep], seed, num_samples, num_chains, num_warmup)[0]
+    post = _run_batch([prep], seed, num_samples, num_chains, num_warmup, inits=[init])[0]
     _warn_diagnostics(post, "fit_bayes")
     return post
 

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 from .law import efficiency_F  # noqa: E402
 
 __all__ = ["save", "plot_fit", "plot_A_posteriors", "plot_efficiency", "plot_table", "markdown_table",
-           "smooth_density"]
+           "smooth_density", "plot_forecast"]
 
 
 def save(fig, out_dir, stem: str) -> list[str]:
@@ -196,4 +196,29 @@ def plot_table(posteriors: dict, pairwise: list[dict] | None = None):
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.scale(1, 1.3)
+    return fig
+
+
+def plot_forecast(history: dict, compute_label: str = "compute"):
+    """How the live forecast moved (``scaling.forecast.forecast_history``): against the compute at which each
+    forecast was made, A's 90 % interval and the predicted final reward's, the observed final reward marked, and
+    the compute from which on every interval held it."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    c = np.asarray(history["compute"], dtype=float)
+    ax.fill_between(c, history["A_lo"], history["A_hi"], color="C0", alpha=0.2, step="post",
+                    label="ceiling A: 90 % interval")
+    ax.plot(c, history["A_mean"], color="C0", lw=1.5, drawstyle="steps-post", label="A: posterior mean")
+    ax.fill_between(c, history["R_target_lo"], history["R_target_hi"], color="C2", alpha=0.25, step="post",
+                    label="predicted final reward: 90 % interval")
+    ax.plot(c, history["R_target_mean"], color="C2", lw=1.5, drawstyle="steps-post", label="predicted final reward")
+    if history.get("final_reward") is not None:
+        ax.axhline(history["final_reward"], color="k", ls="--", lw=1, label="observed final reward")
+    if history.get("held_from_compute") is not None:
+        ax.axvline(history["held_from_compute"], color="C3", ls=":", lw=1.2,
+                   label="from here on every interval held it")
+    ax.set_xlabel(f"{compute_label} when the forecast was made")
+    ax.set_ylabel("reward")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("The live forecast")
+    ax.legend(fontsize=7, loc="lower right")
     return fig

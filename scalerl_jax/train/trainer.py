@@ -117,6 +117,8 @@ class RLTrainer:
         elif resume:
             log("[rl] --resume: no checkpoint on disk, starting from the initial weights")
         self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
+        self.forecast = None  # the live forecast (started by run())
+        self.stopped_early: str | None = None  # why --stop-if-worse ended the run
         self.version = int(self.state.step)
         self._push_weights()
         log(f"[rl] generators hold weights v{self.version} (pushed in {self.last_sync_s:.2f}s)")
@@ -179,6 +181,8 @@ class RLTrainer:
     def _eval_row(self) -> None:
         row = {"kind": "eval", "step": int(self.state.step), **self.evaluate(), **self._compute_row()}
         self.metrics.write(row)
+        if self.forecast is not None:
+            self.forecast.after_eval(force=row["step"] >= self.tcfg.steps)
         by_task = "".join(f", {k[len('val_reward_'):]} {v:.3f}" for k, v in row.items()
                           if k.startswith("val_reward_"))
         self.log(f"[eval] step {row['step']}: val_reward {row['val_reward']:.3f}{by_task} "
@@ -262,6 +266,43 @@ class RLTrainer:
         self.last_train = row
         return True
 
+    # ---- the live forecast ----
+
+    def _start_forecast(self) -> None:
+        fcfg = self.exp.forecast
+        if not fcfg.enabled:
+            return
+        from scalerl_jax.scaling.live import LiveForecast
+
+        self.forecast = LiveForecast(self.run_dir, fcfg, total_steps=self.tcfg.steps, seed=self.tcfg.seed,
+                                     log=self.log)
+        self.log(f"[forecast] refitting the law after each eval from the {fcfg.min_evals}th on, in process "
+                 f"{self.forecast.proc.pid} (low priority, CPU)" + (f"; baseline {fcfg.baseline}" if fcfg.baseline
+                                                                    else ""))
+
+    def _forecast_rows(self, rows: list[dict]) -> None:
+        """Write the forecast rows that came back; apply --stop-if-worse."""
+        from scalerl_jax.scaling.forecast import stop_reason
+
+        fcfg = self.exp.forecast
+        for row in rows:
+            row = {**row, "run_step": int(self.state.step)}
+            self.metrics.write(row)
+            self.last_forecast = row
+            why = stop_reason(row, fcfg.stop_if_worse, fcfg.stop_min_evals)
+            if why is not None and self.stopped_early is None:
+                self.stopped_early = why
+                self.log(f"[forecast] {why}")
+
+    def _progress_fields(self) -> dict[str, Any]:
+        f = getattr(self, "last_forecast", None)
+        if not f:
+            return {}
+        out = {"A": f"{f['A_mean']:.2f} [{f['A_lo']:.2f}, {f['A_hi']:.2f}]"}
+        if "P_A_gt_baseline" in f:
+            out["P(A>base)"] = f"{f['P_A_gt_baseline']:.2f}"
+        return out
+
     # ---- the run ----
 
     def run(self) -> dict[str, Any]:
@@ -278,6 +319,7 @@ class RLTrainer:
             self.counters.compute_s += (now - t_last[0]) - (self.counters.eval_s - eval_before[0])
             t_last[0], eval_before[0] = now, self.counters.eval_s
 
+        self._start_forecast()
         if self.resumed_from is None:
             self._eval_row()
         t_last[0], eval_before[0] = time.perf_counter(), self.counters.eval_s
@@ -286,7 +328,7 @@ class RLTrainer:
         try:
             if self.rcfg.mode == "pipeline":
                 runner = PipelineRunner(self.producer, self.rcfg.k, start_index=int(self.state.step)).start()
-            while int(self.state.step) < total:
+            while int(self.state.step) < total and self.stopped_early is None:
                 before = int(self.state.step)
                 if self.rcfg.mode == "pipeline":
                     if not self._train_on(runner.get(timeout=self.rcfg.batch_timeout_s), t_clock):
@@ -295,20 +337,30 @@ class RLTrainer:
                     self._ppo_round(t_clock)
                 t_clock()
                 step = int(self.state.step)
+                if self.forecast is not None:
+                    self._forecast_rows(self.forecast.poll())
                 progress.update(step, reward=self.last_train.get("reward_mean", float("nan")),
-                                val=self.last_val, tok_s=self.last_train.get("gen_tokens_per_s", 0.0))
+                                val=self.last_val, tok_s=self.last_train.get("gen_tokens_per_s", 0.0),
+                                **self._progress_fields())
                 crossed = lambda n: step // n > before // n  # noqa: E731
                 if step > before and (crossed(every) or step >= total):
                     self._eval_row()
                 # PPO-off-policy: every loop iteration ends at a round boundary (what resume needs), also when a
                 # skipped update left the step count off a multiple of k
-                if step > before and (crossed(self.tcfg.checkpoint_every) or step >= total):
+                if step > before and (crossed(self.tcfg.checkpoint_every) or step >= total
+                                      or self.stopped_early is not None):
                     self.save_checkpoint()
         finally:
             if runner is not None:
                 runner.stop()
                 self.counters.generator_busy_s += runner.busy_s
             progress.close()
+            if self.forecast is not None:
+                try:
+                    if self.stopped_early is None and int(self.state.step) >= total:
+                        self._forecast_rows(self.forecast.finish())  # the last eval's forecast
+                finally:
+                    self.forecast.close()
         wall = time.perf_counter() - wall0
         self.core.wait()
         summary = {"steps": int(self.state.step), "wall_seconds": wall, "final_val_reward": self.last_val,
@@ -317,7 +369,11 @@ class RLTrainer:
                    "trainer_busy_fraction": self.counters.trainer_busy_s / max(wall, 1e-9),
                    "generator_busy_fraction": self.counters.generator_busy_s / max(wall, 1e-9),
                    **dataclasses.asdict(self.counters), **self._compute_row(),
-                   "npr": self.curriculum.stats()}
+                   "npr": self.curriculum.stats(), "stopped_early": self.stopped_early,
+                   **({"forecast": {"rows": len(self.forecast.rows), "skipped_for_budget": self.forecast.skipped,
+                                    "fit_seconds": self.forecast.fit_seconds,
+                                    "share_of_wall": self.forecast.fit_seconds / max(wall, 1e-9),
+                                    "stopped": self.forecast.dead}} if self.forecast is not None else {})}
         self.metrics.write({"kind": "summary", **summary})
         return summary
 

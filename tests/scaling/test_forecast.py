@@ -1,0 +1,191 @@
+"""The live forecast: refits of a growing metrics.jsonl (warm-started), against a baseline, the stop rule, the
+refit process's protocol, and the history the report draws."""
+
+import json
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from scalerl_jax.config import ConfigError, ForecastConfig
+from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
+from scalerl_jax.scaling.forecast import Forecaster, forecast_history, stop_reason, target_compute
+from scalerl_jax.scaling.live import LiveForecast
+from scalerl_jax.scaling.paper import TABLE1
+
+N_PROMPTS, K_SAMPLES, PHI, R0_TRUE = 200, 8, 2.0, 0.30
+NUTS = {"num_samples": 300, "num_chains": 2, "num_warmup": 200}
+
+
+def _law(c, A, B, C_mid, R0):
+    # written out independently of the package: R0 + (A - R0) / (1 + (C_mid / C)^B), R0 at C = 0
+    c = np.asarray(c, dtype=float)
+    with np.errstate(divide="ignore"):
+        return np.where(c > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(c > 0, c, 1.0)) ** B), R0)
+
+
+def _evals(A, B, C_mid, seed, n=24, span=4.0):
+    """n eval rows from compute 0 to ``span`` x C_mid; each the pass rate of N_PROMPTS prompts x K_SAMPLES samples
+    whose per-prompt rates are Beta-distributed around the curve."""
+    rng = np.random.default_rng(seed)
+    c = np.linspace(0.0, span * C_mid, n)
+    mu = _law(c, A, B, C_mid, R0_TRUE)
+    p = rng.beta(mu[:, None] * PHI, (1 - mu[:, None]) * PHI, size=(n, N_PROMPTS))
+    r = rng.binomial(K_SAMPLES, p).mean(axis=1) / K_SAMPLES
+    return [{"kind": "eval", "step": 10 * i, "device_hours": float(c[i]), "flops": float(c[i]) * 1e15,
+             "val_reward": float(r[i]), "val_n": N_PROMPTS, "val_k": K_SAMPLES} for i in range(n)]
+
+
+def _write(path, rows, mode="w"):
+    with open(path, mode) as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_target_compute_extrapolates_linearly():
+    assert target_compute(2.0, 50, 200) == pytest.approx(8.0)  # 2 device-hours per 50 steps -> 200 steps
+    assert target_compute(2.0, 300, 200) == pytest.approx(2.0)  # past the plan: where it is
+    assert np.isnan(target_compute(0.0, 0, 200))
+
+
+def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(tmp_path):
+    """One Forecaster per Table 1 row refits its run as the evals arrive (6, 12, 18, 24 of them: up to 1, 2, 3 and
+    4 C_mid): the last interval is narrower than the first, and the 90 % intervals hold the true A about as often
+    as they say."""
+    widths, hits = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScalingFitWarning)
+        for i, (_, c_mid, b, a) in enumerate(TABLE1):
+            rows = _evals(a, b, c_mid, seed=100 + i)
+            run = tmp_path / f"run{i}"
+            run.mkdir()
+            fc = Forecaster(run, min_evals=5, **NUTS)
+            w = []
+            for n in (6, 12, 18, 24):
+                _write(run / "metrics.jsonl", rows[:n])
+                row = fc.refit(total_steps=230)
+                assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
+                w.append(row["A_hi"] - row["A_lo"])
+                hits.append(row["A_lo"] <= a <= row["A_hi"])
+            widths.append(w)
+    widths = np.array(widths)
+    print("median A interval width by stage:", np.round(np.median(widths, axis=0), 3), "coverage", np.mean(hits))
+    assert np.median(widths[:, -1]) < 0.5 * np.median(widths[:, 0])
+    assert np.all(widths[:, -1] < widths[:, 0] + 1e-9)
+    assert 0.75 <= np.mean(hits) <= 1.0  # 40 intervals at 90 %: binomial 5th percentile is 0.825
+
+
+def test_warm_start_gives_the_cold_posterior():
+    """Starting the chains at an earlier fit's medians changes where they start, not what they sample."""
+    rows = _evals(0.61, 1.92, 2542.0, seed=7)
+    c = np.array([r["device_hours"] for r in rows])
+    r = np.array([r["val_reward"] for r in rows])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScalingFitWarning)
+        cold = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=1, num_samples=1000,
+                         num_chains=4)
+        warm = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=2, num_samples=1000,
+                         num_chains=4, init={"A": 0.6, "B": 2.0, "C_mid": 2500.0, "R0": 0.3, "dispersion": 2.0})
+    for k in ("A", "B"):
+        sc, sw = cold.summary()[k], warm.summary()[k]
+        assert sw["mean"] == pytest.approx(sc["mean"], abs=0.1 * (sc["hi"] - sc["lo"]))
+        assert (sw["hi"] - sw["lo"]) == pytest.approx(sc["hi"] - sc["lo"], rel=0.2)
+
+
+def test_baseline_comparison_and_stop_rule(tmp_path):
+    """A baseline with a clearly higher ceiling makes P(A > A_baseline) small and stops the run under
+    --stop-if-worse 0.9; a lower one does not; within the paper's margin B is compared at a shared A."""
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    _write(ours / "metrics.jsonl", _evals(0.60, 1.9, 2500.0, seed=1, n=18))  # up to 3 C_mid
+    stops = {}
+    for name, a in (("high", 0.85), ("low", 0.45), ("same", None)):
+        base = tmp_path / name
+        base.mkdir()  # "same": a copy of this run's own evals
+        _write(base / "metrics.jsonl", _evals(a, 1.9, 2500.0, seed=2, n=24) if a else _evals(0.60, 1.9, 2500.0, 1, 18))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ScalingFitWarning)
+            row = Forecaster(ours, baseline=base, **NUTS).refit(total_steps=230)
+        stops[name] = (row, stop_reason(row, 0.9, 6))
+    high, why = stops["high"]
+    print({k: round(v[0]["P_A_gt_baseline"], 3) for k, v in stops.items()}, high["A_lo"], high["A_hi"])
+    assert high["P_A_gt_baseline"] < 0.1 and high["baseline_rule"] == "A"
+    assert why is not None and "P(A < A_baseline)" in why and "step 170" in why
+    low, why = stops["low"]
+    assert low["P_A_gt_baseline"] > 0.5 and why is None  # a low, flat baseline's own ceiling is loosely pinned
+    assert high["P_A_gt_baseline"] < stops["same"][0]["P_A_gt_baseline"] < low["P_A_gt_baseline"]
+    same, why = stops["same"]
+    assert same["baseline_rule"] == "B at shared A" and 0.2 <= same["P_B_gt_baseline"] <= 0.8
+    assert same["baseline_A_shared"] == pytest.approx(same["A_mean"], abs=0.02)
+    assert why is None
+    # too few evals for the rule: no stop whatever the probability
+    assert stop_reason({**high, "n_evals": 5}, 0.9, 6) is None
+    assert stop_reason(high, None, 6) is None
+
+
+def test_forecast_config_refuses_a_stop_without_baseline():
+    with pytest.raises(ConfigError, match="--baseline"):
+        ForecastConfig(stop_if_worse=0.9)
+    with pytest.raises(ConfigError, match="probability"):
+        ForecastConfig(stop_if_worse=1.5, baseline="x")
+
+
+def test_history_finds_where_the_intervals_start_holding_the_final_value():
+    rows = [{"kind": "forecast", "compute": c, "A_mean": 0.6, "A_lo": 0.5, "A_hi": 0.7, "R_target_mean": m,
+             "R_target_lo": m - 0.05, "R_target_hi": m + 0.05, "target_compute": 10.0}
+            for c, m in ((1.0, 0.40), (2.0, 0.56), (3.0, 0.45), (4.0, 0.53), (5.0, 0.50))]
+    h = forecast_history(rows, final_compute=10.0, final_reward=0.52)
+    # 0.52 is in [0.51, 0.61], not in [0.40, 0.50], then in [0.48, 0.58] and [0.45, 0.55]: held from compute 4 on
+    assert h["held_from_compute"] == 4.0 and h["held_from_fraction"] == pytest.approx(0.4)
+    assert forecast_history(rows, 10.0, 0.9)["held_from_compute"] is None
+    assert forecast_history([], 1.0, 0.5) is None
+
+
+def test_live_forecast_process_answers_as_evals_arrive(tmp_path):
+    """The refit process runs outside the trainer's process, answers null below min_evals, a row from then on, and
+    exits when the trainer closes it."""
+    rows = _evals(0.61, 1.92, 2542.0, seed=3, n=8)
+    _write(tmp_path / "metrics.jsonl", rows[:3])
+    lines = []
+    lf = LiveForecast(tmp_path, ForecastConfig(num_samples=100, num_chains=2, num_warmup=100, max_share=1.0),
+                      total_steps=70, log=lines.append)
+    try:
+        lf.after_eval()
+        assert lf.poll(wait_s=300) == [] and not lf.busy  # 3 evals: nothing to fit yet
+        _write(tmp_path / "metrics.jsonl", rows[3:6], mode="a")
+        lf.after_eval()
+        got = lf.poll(wait_s=300)
+        assert len(got) == 1 and got[0]["n_evals"] == 6 and got[0]["worker_pid"] != __import__("os").getpid()
+        assert 0.0 <= got[0]["A_lo"] <= got[0]["A_mean"] <= got[0]["A_hi"] <= 1.0
+        _write(tmp_path / "metrics.jsonl", rows[6:], mode="a")
+        lf.after_eval(force=True)
+        got = lf.finish()
+        assert [r["n_evals"] for r in got] == [8] and got[0]["warm_start"]
+    finally:
+        lf.close()
+    assert lf.proc.returncode == 0 and not lines
+    assert "ready for" in (tmp_path / "forecast.log").read_text()
+
+
+def test_live_forecast_survives_a_dead_process(tmp_path):
+    _write(tmp_path / "metrics.jsonl", _evals(0.61, 1.92, 2542.0, seed=3, n=6))
+    lines = []
+    lf = LiveForecast(tmp_path, ForecastConfig(), total_steps=70, log=lines.append)
+    lf.proc.kill()
+    lf.proc.wait()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10 and lf.dead is None:
+        lf.after_eval()
+        lf.poll(wait_s=1)
+    lf.close()
+    assert lf.dead is not None and len(lines) == 1 and "goes on without the live forecast" in lines[0]
+
+
+def test_refit_process_help():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "scalerl_jax.scaling.live", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "refit process" in out.stdout

@@ -132,7 +132,7 @@ class ThinkEndWatch:
     batches, counts the samples that wrote ``think_end`` themselves (in their own tokens, before any interruption),
     then writes one ``"kind": "length_check"`` metrics row; with interruption on and no such sample, the row carries
     ``warning`` and the same line is logged: the model does not close its thinking with that text, so every long
-    sample is cut at the thinking budget (set ``rollout.length.think_end`` for the model, README)."""
+    sample is cut at the thinking budget (set ``rollout.length.think_end`` for the model, docs/DATA.md)."""
 
     def __init__(self, think_end: str, decode: Callable[[list[int]], str], *, batches: int = 2, log=print) -> None:
         self.think_end, self.decode, self.batches, self.log = think_end, decode, batches, log
@@ -158,7 +158,7 @@ class ThinkEndWatch:
                     f"no sample of the first {self.batches} batches ({self.samples} samples) wrote "
                     f"rollout.length.think_end {self.think_end!r} itself; {self.interrupted} were cut at the thinking "
                     "budget. If the model does not think in these markers, set --rollout.length.think-end and "
-                    "--rollout.length.interruption-text for it (README: Run on your own model and data)")
+                    "--rollout.length.interruption-text for it (docs/DATA.md: Reasoning markers)")
                 self.log(f"[length] warning: {self.row['warning']}")
             if self.metrics is not None:
                 self.metrics.write(self.row)

@@ -23,7 +23,7 @@ variant's A and B averaged over its seeds and P(ScaleRL's average > the variant'
 overlaid curves, the ceiling densities and every fit's report.md. ``--fit-until 0.5`` (the paper's half-compute
 protocol; finished runs are not rerun) writes ``<out>/comparison_until0.5`` with each run's prediction of its last
 eval from the first half, its error and whether the 90 % interval covered it. Cost on a 2-core CPU: about the tiny run's
-RL time per variant and seed, plus one warm start per seed (see README / the issue notes).
+RL time per variant and seed, plus one warm start per seed (docs/results/loo_tiny.md).
 """
 
 from __future__ import annotations

@@ -132,8 +132,8 @@ def tiny_chain_plan(seed: int = 0) -> ExperimentPlan:
     (importance ratios up to 210 at staleness 8) and 1.5e-4 collapsed (0.29 -> 0.09 in 40 steps). NPR retired at
     most 1 of the 128 prompts in 96 steps (3 seeds) (a prompt needs 8 of 8 samples right).
     benchmarks/bench_fit_resolution.py shows how much such a curve's first half pins A. The earlier setting (15 %
-    unmarked, 100 validation prompts) jumped to its plateau within ~8 steps in stop 26's study and stayed flat
-    (0.36-0.40 over 40 steps) in a pilot with 400 validation prompts: no rise for the sigmoid to fit."""
+    unmarked, 100 validation prompts) jumped to its plateau within ~8 steps in the 144-step leave-one-out study and
+    stayed flat (0.36-0.40 over 40 steps) with 400 validation prompts: no rise for the sigmoid to fit."""
     p = tiny_plan(seed)
     length = LengthConfig(kind="interruption", think_budget_lo=30, think_budget_hi=38, answer_budget=4,
                           think_end="#", interruption_text="#", penalty_max_len=44, penalty_cache=8)
@@ -156,8 +156,8 @@ def real_8b_plan(seed: int = 0) -> ExperimentPlan:
 
     The markers follow the model (``rollout.length.think_end="auto"``): the paper's ``</think>`` and interruption text
     when the tokenizer holds ``</think>`` as one token (a model that thinks in ``<think>`` blocks), else the plain
-    ``boxed`` pair of a base or instruct model under the default template (README, "Run on your own model and
-    data"). A fixed ``</think>`` would be wrong for the base Llama-3.1-8B this preset is documented with: it never
+    ``boxed`` pair of a base or instruct model under the default template (docs/DATA.md, "Reasoning
+    markers"). A fixed ``</think>`` would be wrong for the base Llama-3.1-8B this preset is documented with: it never
     writes the tag, so every sample would run to its thinking budget and carry a stray ``</think>``."""
     exp = ExperimentConfig(
         name="scalerl_8b", model=llama3_8b(), mesh=MeshConfig(data=1, fsdp=-1, tensor=1),

@@ -1,7 +1,8 @@
 """The command lines (tyro over the frozen config dataclasses): every config field is a flag whose ``--help`` entry
 shows its type and its doc; a wrong type, a value outside a field's choices or an unknown field exits 2 naming the
 field and what it accepts; ``--set FIELD=VALUE`` is an alias of the field's flag; every command documented in the
-README, BUILD.md, docs/DESIGN.md and the entry points' docstrings still parses (``--print-config`` or ``--help``).
+README, BUILD.md, docs/*.md, the scripts in examples/ and the entry points' docstrings still parses
+(``--print-config`` or ``--help``).
 
 Everything runs in process (a subprocess that imports JAX costs seconds), except one check of the real command.
 """
@@ -269,14 +270,46 @@ _CMD = re.compile(r"(?:python -m |-- )(experiments\.(?:math_8b|scout_moe|loo)|sc
 _PLACEHOLDERS = {"N": "2", "P": "2", "I": "0", "S": "60", "X": "1.0", "C": "0.0", "FIELD=VALUE": "train.lr=2e-4"}
 
 
+_SHELL_VAR = re.compile(r"\$\{?([A-Z_][A-Z0-9_]*)\}?")
+
+
+def expand_script(text: str) -> str:
+    """A launch script's text with its own variables filled in (``NAME=value`` and ``NAME="${NAME:-default}"``
+    assignments, in order) and ``"$PYTHON" -m`` read as ``python -m``, so that its commands read as documented ones.
+    A variable the script does not define, or sets to a command's output, becomes ``UNKNOWN``."""
+    values: dict[str, str] = {}
+
+    def sub(s: str) -> str:
+        return _SHELL_VAR.sub(lambda m: values.get(m.group(1), "UNKNOWN"), s)
+
+    for line in text.splitlines():
+        if m := re.match(r"\s*([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|\S+)", line):
+            raw = m.group(2).strip("\"'")
+            default = re.fullmatch(r"\$\{\w+:-(.*)\}", raw)
+            raw = default.group(1) if default else raw
+            values[m.group(1)] = "UNKNOWN" if "$(" in raw else sub(raw).strip("\"'")  # a command's output: unknown here
+    text = re.sub(r'"?\$\{?(?:PYTHON|SGLANG_PYTHON)\}?"? -m ', "python -m ", text)
+    return sub(text)
+
+
+def documented_sources() -> dict[str, str]:
+    """Where commands are documented: README.md, BUILD.md, docs/*.md, examples/* (variables filled in)."""
+    sources = {p: (ROOT / p).read_text() for p in ("README.md", "BUILD.md")}
+    sources.update({str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))})
+    sources.update({str(p.relative_to(ROOT)): expand_script(p.read_text())
+                    for p in sorted((ROOT / "examples").iterdir()) if p.is_file()})
+    return sources
+
+
 def documented_commands() -> list[tuple[str, str, list[str]]]:
-    """(where, module, argv) of every command line of ours in the docs and the entry points' docstrings, with
-    line continuations joined and placeholders (``[--steps N]``, ``RUN_DIR [RUN_DIR ...]``, ``...``) filled in."""
-    sources = {p: (ROOT / p).read_text() for p in ("README.md", "BUILD.md", "docs/DESIGN.md")}
+    """(where, module, argv) of every command line of ours in the docs, the example scripts and the entry points'
+    docstrings, with line continuations joined and placeholders (``[--steps N]``, ``RUN_DIR [RUN_DIR ...]``,
+    ``...``) filled in."""
+    sources = documented_sources()
     sources.update({m: sys.modules[f.__module__].__doc__ for m, f in MAINS.items()})
     found = []
     for where, text in sources.items():
-        for m in _CMD.finditer(text.replace("\\\n", " ")):
+        for m in _CMD.finditer(re.sub(r"-- +", "-- ", re.sub(r"\\\n\s*", " ", text))):
             module, args = m.group(1), m.group(2)
             args = re.sub(r"\[[A-Z_]+ \.\.\.\]", "", args)  # [RUN_DIR ...], [URL ...]
             args = re.sub(r"\[(--[^\]]*)\]", r"\1", args).replace("...", " ")

@@ -68,6 +68,63 @@ def test_smoke_run_resumes(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_smoke_run_forecasts_while_it_trains(smoke_run):
+    """From the 5th eval on, the run refits the law in its background process and writes forecast rows; training
+    goes on meanwhile (rows come back at later steps than the eval they fit); the progress line shows A; the report
+    and summary.json carry how the forecast moved."""
+    rows = _rows(smoke_run)
+    seen_evals, forecasts = 0, []
+    for r in rows:
+        seen_evals += r["kind"] == "eval"
+        if r["kind"] == "forecast":
+            assert 5 <= r["n_evals"] <= seen_evals  # a refit only of evals already written
+            forecasts.append(r)
+    assert len(forecasts) >= 5, seen_evals
+    for r in forecasts:
+        assert 0.0 <= r["A_lo"] <= r["A_mean"] <= r["A_hi"] <= 1.0
+        assert r["R_target_lo"] <= r["R_target_mean"] <= r["R_target_hi"]
+        assert r["run_step"] >= r["step"] and r["target_compute"] >= r["compute"] > 0
+    assert any(r["run_step"] > r["step"] for r in forecasts)  # the trainer did not wait for the refit
+    assert len({r["worker_pid"] for r in forecasts}) == 1 and forecasts[-1]["warm_start"]
+    log = (smoke_run.parent / f"{smoke_run.name}.log").read_text()
+    assert " A=0." in log or " A=1." in log
+    summary = json.loads((smoke_run / "summary.json").read_text())["run"]
+    assert summary["forecast_history"]["n"] == len(forecasts) and summary["stopped_early"] is None
+    assert "The forecast while it ran" in (smoke_run / "report.md").read_text()
+    assert (smoke_run / "fit" / "forecast.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
+    """A copy of the smoke run resumed from its step-16 checkpoint against a hand-made baseline whose ceiling is
+    clearly higher (0.99, on the same compute axis) stops at its first forecast with enough evals, writes why, and
+    still ends with its fit and report."""
+    evals = [r for r in _rows(smoke_run) if r["kind"] == "eval"]
+    base = tmp_path / "baseline"
+    base.mkdir()
+    r0, c_end = evals[0]["val_reward"], evals[-1]["device_hours"]
+    with open(base / "metrics.jsonl", "w") as f:  # a curve rising from the same start to 0.99 by a fifth of the run
+        for i in range(25):
+            c = c_end * i / 24
+            mu = r0 + (0.99 - r0) / (1 + (c_end / 10 / c) ** 3) if c > 0 else r0
+            f.write(json.dumps({"kind": "eval", "step": 2 * i, "device_hours": c, "val_reward": mu, "val_n": 96,
+                                "val_k": 4}) + "\n")
+    out = tmp_path / "behind"
+    shutil.copytree(smoke_run, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        if ckpt.name.isdigit() and int(ckpt.name) > 16:
+            shutil.rmtree(ckpt)
+    r = _run(["--preset", "smoke", "--out", str(out), "--resume", "--baseline", str(base), "--stop-if-worse", "0.9"])
+    summary = json.loads((out / "summary.json").read_text())
+    why = summary["run"]["stopped_early"]
+    assert why and "--stop-if-worse 0.9" in why and "P(A < A_baseline)" in why, r.stdout[-2000:]
+    assert summary["run"]["steps"] < 48
+    forecasts = [r for r in _rows(out) if r["kind"] == "forecast"]
+    assert forecasts and 1 - forecasts[-1]["P_A_gt_baseline"] >= 0.9 and forecasts[-1]["n_evals"] >= 6
+    assert "Stopped early" in (out / "report.md").read_text() and summary["fit"] and "runs" in summary["fit"]
+
+
+@pytest.mark.slow
 def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
     pass rate on prompts it trains on. Measured from the smoke warm start: 0.16 -> 0.34 / 0.51 / 0.62 / 0.72

@@ -116,7 +116,9 @@ class RLTrainer:
             log(f"[rl] resumed from checkpoint step {step} ({self.run_dir / 'checkpoints'})")
         elif resume:
             log("[rl] --resume: no checkpoint on disk, starting from the initial weights")
-        self.metrics = MetricsWriter(self.run_dir, resume_offset=offset)
+        self.metrics = MetricsWriter(self.run_dir, resume_offset=offset, wandb_project=exp.wandb_project,
+                                     wandb_config=dataclasses.asdict(exp) if exp.wandb_project else None,
+                                     run_name=self.run_dir.name)
         self.forecast = None  # the live forecast (started by run())
         self.stopped_early: str | None = None  # why --stop-if-worse ended the run
         self.version = int(self.state.step)

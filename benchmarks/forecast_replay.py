@@ -1,0 +1,87 @@
+"""Replay the live forecast over finished runs: what it would have said at each eval, and what --stop-if-worse
+would have saved.
+
+    python -m benchmarks.forecast_replay RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR] [--stop-if-worse 0.9]
+
+For each run, the forecast is refitted on its first 5, 6, ... evals exactly as during the run (the same
+Forecaster, warm-started, on a copy of metrics.jsonl cut after each eval), and the table says from which fraction
+of the run's compute on every forecast's 90 % interval of the final reward held the observed final value. With
+--baseline, each forecast is compared with the baseline run (all its evals) and the first forecast at which
+P(A < A_baseline) >= --stop-if-worse would have stopped the run: the compute after it is what the stop saves.
+Prints one table; --json FILE writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from scalerl_jax.scaling.forecast import Forecaster, forecast_history, stop_reason
+
+
+def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None, min_evals: int = 5,
+           stop_min_evals: int = 6, compute_key: str = "device_hours", **nuts) -> dict:
+    lines = [line for line in open(run_dir / "metrics.jsonl") if line.strip()]
+    rows = [json.loads(line) for line in lines]
+    evals = [i for i, r in enumerate(rows) if r.get("kind") == "eval" and r.get(compute_key) is not None]
+    last = rows[evals[-1]]
+    total_steps = int(last["step"])
+    forecasts, stop = [], None
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fc = Forecaster(tmp, compute_key=compute_key, min_evals=min_evals, baseline=baseline, **nuts)
+        for n, i in enumerate(evals, start=1):
+            if n < min_evals:
+                continue
+            (Path(tmp) / "metrics.jsonl").write_text("".join(lines[: i + 1]))
+            row = fc.refit(total_steps=total_steps)
+            forecasts.append(row)
+            if stop is None and stop_reason(row, stop_if_worse, stop_min_evals):
+                stop = row
+    h = forecast_history(forecasts, last[compute_key], last["val_reward"])
+    out = {"run": str(run_dir), "evals": len(evals), "forecasts": len(forecasts), "final_reward": last["val_reward"],
+           "final_compute": last[compute_key], "held_from_fraction": h["held_from_fraction"] if h else None,
+           "last_A": [forecasts[-1][k] for k in ("A_mean", "A_lo", "A_hi")] if forecasts else None,
+           "seconds": time.perf_counter() - t0}
+    if baseline is not None:
+        out["stopped_at_step"] = stop["step"] if stop else None
+        out["compute_saved_fraction"] = (1 - stop["compute"] / last[compute_key]) if stop else 0.0
+        out["last_P_A_gt_baseline"] = forecasts[-1].get("P_A_gt_baseline") if forecasts else None
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.forecast_replay", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dirs", nargs="+", type=Path)
+    ap.add_argument("--baseline", type=Path, default=None)
+    ap.add_argument("--stop-if-worse", type=float, default=0.9)
+    ap.add_argument("--compute-key", default="device_hours", choices=("device_hours", "flops"))
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    results = [replay(d, baseline=a.baseline, stop_if_worse=a.stop_if_worse if a.baseline else None,
+                      compute_key=a.compute_key) for d in a.run_dirs]
+    print("| run | evals | forecasts | final reward | every interval held it from | last A [90 %] |"
+          + (" stopped at step | compute saved | last P(A > A_base) |" if a.baseline else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if a.baseline else ""))
+    for r in results:
+        held = "never" if r["held_from_fraction"] is None else f"{r['held_from_fraction']:.0%} of compute"
+        a_txt = "-" if r["last_A"] is None else f"{r['last_A'][0]:.3f} [{r['last_A'][1]:.3f}, {r['last_A'][2]:.3f}]"
+        line = f"| {r['run']} | {r['evals']} | {r['forecasts']} | {r['final_reward']:.3f} | {held} | {a_txt} |"
+        if a.baseline:
+            p = r["last_P_A_gt_baseline"]
+            line += (f" {r['stopped_at_step'] if r['stopped_at_step'] is not None else 'not stopped'} | "
+                     f"{r['compute_saved_fraction']:.0%} | {'-' if p is None else f'{p:.3f}'} |")
+        print(line)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,7 +120,14 @@ class WandbSink:
             self._save()
 
     def close(self) -> None:
+        """Finish the W&B run. ``finish`` returns before W&B's service has written all of the run's log to disk;
+        when no other W&B run is active in the process, the service is shut down too, so that the run is complete
+        on disk (for ``wandb sync``, or a reader) when this returns, even if the process then ends abruptly."""
+        import wandb
+
         self.run.finish()
+        if wandb.run is None:
+            wandb.teardown()
 
 
 class MetricsWriter:

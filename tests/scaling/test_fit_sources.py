@@ -113,6 +113,7 @@ def test_wandb_offline_history_gives_the_metrics_jsonl_posterior(tmp_path, monke
         run.log({f"eval/{k}": e[k] for k in ("device_hours", "val_reward", "val_n", "val_k")}, step=e["step"])
         run.log({"train/loss": 0.1}, step=e["step"] + 1)
     run.finish()
+    wandb.teardown()  # finish returns before the service has written the whole log; this waits for it
     rows = read_wandb_run(tmp_path / "wandb")
     assert [r["_step"] for r in rows] == [s for e in EVALS for s in (e["step"], e["step"] + 1)]
     assert [r["eval/val_reward"] for r in rows[::2]] == [e["val_reward"] for e in EVALS]

@@ -116,7 +116,7 @@ def load_csv(file, compute_col: str, reward_col: str, *, n_col: str | None = Non
         raise FileNotFoundError(f"no CSV file at {path}")
     cols = {"compute": compute_col, "reward": reward_col, "n": n_col, "k": k_col}
     points = []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's export may start with a BOM
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
         for col in [c for c in cols.values() if c is not None]:
@@ -150,14 +150,34 @@ def _event_dir(directory: Path) -> Path:
                      "give one of them")
 
 
+def _tb_series(acc, tags: dict, tag: str, where: Path) -> dict[int, float]:
+    """{step: value} of one scalar tag: a simple value (tensorboardX, PyTorch) or a one-element tensor (TF2's
+    tf.summary.scalar, which flax and CLU write)."""
+    from tensorboard.util import tensor_util
+
+    if tag in tags.get("scalars", []):
+        return {e.step: float(e.value) for e in acc.Scalars(tag)}
+    if tag in tags.get("tensors", []):
+        out = {}
+        for e in acc.Tensors(tag):
+            arr = tensor_util.make_ndarray(e.tensor_proto)
+            if arr.size != 1 or not np.issubdtype(arr.dtype, np.number):
+                raise ValueError(f"{where}: tag {tag!r} holds {arr.dtype} tensors of shape {arr.shape}, not scalars")
+            out[e.step] = float(arr.reshape(()))
+        return out
+    have = sorted(set(tags.get("scalars", [])) | set(tags.get("tensors", [])))
+    raise ValueError(f"{where}: no scalar tag {tag!r} (tags: {', '.join(have) or 'none'})")
+
+
 def load_tensorboard(directory, compute_tag: str, reward_tag: str, *, n_tag: str | None = None,
                      k_tag: str | None = None, compute_per_step: float | None = None,
                      name: str | None = None) -> RunCurve:
-    """One curve from the scalars of TensorBoard event files (read with ``tensorboard``'s EventAccumulator, every
-    event kept). Rewards are matched to compute by step; ``compute_tag="step"`` uses the step itself as compute
-    (times ``compute_per_step`` when given). A run that restarted and re-logged steps keeps the newer values (the
-    reader drops the orphaned ones). The curve is named ``name`` or the directory's name (its parent's when the
-    directory is a run's ``tensorboard`` folder)."""
+    """One curve from the scalars of TensorBoard event files, read with ``tensorboard``'s EventAccumulator (every
+    event kept): simple values as tensorboardX and PyTorch write them, or one-element tensors as TF2's
+    ``tf.summary.scalar`` (flax, CLU) does. Rewards are matched to compute by step; ``compute_tag="step"`` uses the
+    step itself as compute (times ``compute_per_step`` when given). A run that restarted and re-logged steps keeps
+    the newer values (the reader drops the orphaned ones). The curve is named ``name`` or the directory's name (its
+    parent's when the directory is a run's ``tensorboard`` folder)."""
     _check_per_step(compute_per_step)
     try:
         from tensorboard.backend.event_processing import event_accumulator
@@ -166,19 +186,14 @@ def load_tensorboard(directory, compute_tag: str, reward_tag: str, *, n_tag: str
             from None
     given = Path(directory)
     where = _event_dir(given)
-    acc = event_accumulator.EventAccumulator(str(where), size_guidance={event_accumulator.SCALARS: 0})
+    acc = event_accumulator.EventAccumulator(
+        str(where), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
     acc.Reload()
-    have = acc.Tags().get(event_accumulator.SCALARS, [])
+    tags = acc.Tags()
     wanted = {"reward": reward_tag, "n": n_tag, "k": k_tag}
     if compute_tag != "step":
         wanted["compute"] = compute_tag
-    by_key = {}
-    for key, tag in wanted.items():
-        if tag is None:
-            continue
-        if tag not in have:
-            raise ValueError(f"{where}: no scalar tag {tag!r} (tags: {', '.join(sorted(have)) or 'none'})")
-        by_key[key] = {e.step: float(e.value) for e in acc.Scalars(tag)}
+    by_key = {key: _tb_series(acc, tags, tag, where) for key, tag in wanted.items() if tag is not None}
     points = []
     for step, reward in by_key["reward"].items():
         compute = float(step) if compute_tag == "step" else by_key["compute"].get(step)

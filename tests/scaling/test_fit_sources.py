@@ -63,7 +63,7 @@ def _same_fit(entry: dict, ref: dict) -> None:
 
 
 def test_csv_gives_the_metrics_jsonl_posterior(tmp_path, reference):
-    with open(tmp_path / "other.csv", "w", newline="") as f:
+    with open(tmp_path / "other.csv", "w", newline="", encoding="utf-8-sig") as f:  # with a BOM, as spreadsheets
         w = csv.writer(f)
         w.writerow(["step", "gpu_hours", "acc", "prompts", "samples"])
         for e in EVALS:
@@ -83,6 +83,23 @@ def test_csv_gives_the_metrics_jsonl_posterior(tmp_path, reference):
     _same_fit(runs["steps"], reference)
 
 
+def _write_tensor_scalars(logdir, evals) -> None:
+    """Event files as TF2's tf.summary.scalar writes them (a float tensor per value, plugin "scalars"), with
+    tensorboard's own writer and protos."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.util import tensor_util
+
+    meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    w = EventFileWriter(str(logdir))
+    for e in evals:
+        values = [summary_pb2.Summary.Value(tag=f"eval/{k}", metadata=meta,
+                                            tensor=tensor_util.make_tensor_proto(np.float32(e[k])))
+                  for k in ("device_hours", "val_reward", "val_n", "val_k")]
+        w.add_event(event_pb2.Event(step=e["step"], wall_time=1.0, summary=summary_pb2.Summary(value=values)))
+    w.close()
+
+
 def test_tensorboard_events_give_the_metrics_jsonl_posterior(tmp_path, reference):
     from tensorboardX import SummaryWriter
 
@@ -96,6 +113,13 @@ def test_tensorboard_events_give_the_metrics_jsonl_posterior(tmp_path, reference
     assert curve.name == "tbrun" and curve.val_n is None
     np.testing.assert_array_equal(curve.compute, [e["device_hours"] for e in EVALS])
     np.testing.assert_array_equal(curve.reward, [e["val_reward"] for e in EVALS])
+    # TF2's tf.summary.scalar (flax, CLU) writes one-element tensors instead of simple values: the same curve
+    _write_tensor_scalars(tmp_path / "tf2", EVALS)
+    curve = load_tensorboard(tmp_path / "tf2", "eval/device_hours", "eval/val_reward", n_tag="eval/val_n",
+                             k_tag="eval/val_k")
+    np.testing.assert_array_equal(curve.compute, [e["device_hours"] for e in EVALS])
+    np.testing.assert_array_equal(curve.reward, [e["val_reward"] for e in EVALS])
+    np.testing.assert_array_equal(curve.val_k, 4)
     runs = _cli(["--tensorboard", str(tmp_path / "tbrun" / "tensorboard"), "--compute-tag", "step",
                  "--compute-per-step", str(PER_STEP), "--reward-tag", "eval/val_reward", "--n-tag", "eval/val_n",
                  "--k-tag", "eval/val_k"], tmp_path / "out")

@@ -35,14 +35,13 @@ __all__ = ["load_csv", "load_tensorboard", "load_wandb_history", "read_wandb_run
 _BLANK = {"", "nan", "NaN", "NAN", "null", "None", "none"}
 
 
-def curve_from_points(points: list[dict], *, name: str, path: str, compute_key: str, reward_key: str,
-                      label: str | None = None) -> RunCurve:
+def curve_from_points(points: list[dict], *, name: str, path: str, compute_key: str, reward_key: str) -> RunCurve:
     """A RunCurve from points ``{"compute", "reward", "step", "n", "k"}`` (``n``/``k`` may be None).
 
     Points without a finite compute or reward are skipped with a warning; points repeating a compute value keep the
-    last one (a resumed run re-logging a step), as ``load_run`` does. ``label`` names the source in messages.
+    last one (a resumed run re-logging a step), as ``load_run`` does. Messages name the source by ``path``.
     """
-    label = label or path
+    label = path
     good = [p for p in points if _finite(p["compute"]) and _finite(p["reward"])]
     if len(good) < len(points):
         warnings.warn(f"{label}: skipped {len(points) - len(good)} rows without a finite {compute_key!r} or "
@@ -304,30 +303,33 @@ def read_wandb_run(path) -> list[dict]:
     return rows
 
 
-def _history_rows(path: Path) -> tuple[list[dict], str]:
-    """The rows of a W&B history in JSON (a list of records), JSON lines or an offline run, and what a row is
-    called in messages ("record" or "line")."""
+def _history_rows(path: Path) -> tuple[list[tuple[int, dict]], str]:
+    """The rows of a W&B history in JSON (a list of records), JSON lines or an offline run, each with its number in
+    messages, and what that number counts ("record" or "line"). Unparseable lines of JSON lines (a run killed
+    mid-write) are skipped with a warning, as ``load_run`` does."""
     if path.is_dir() or path.suffix == ".wandb":
-        return read_wandb_run(path), "record"
+        return list(enumerate(read_wandb_run(path), 1)), "record"
     if not path.is_file():
         raise FileNotFoundError(f"no W&B history at {path}")
     text = path.read_text()
     if text.lstrip().startswith("["):
         try:
-            rows = json.loads(text)
+            rows, where = list(enumerate(json.loads(text), 1)), "record"
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
-        where = "record"
     else:
-        rows, where = [], "line"
+        rows, where, broken = [], "line", 0
         for i, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append((i, json.loads(line)))
                 except json.JSONDecodeError:
-                    raise ValueError(f"{path}:{i}: not a JSON object") from None
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{path}: expected JSON objects, one per history row")
+                    broken += 1
+        if broken:
+            warnings.warn(f"{path}: skipped {broken} unparseable lines", ScalingFitWarning, stacklevel=3)
+    for i, r in rows:
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: {where} {i} is not a JSON object (one object per history row)")
     return rows, where
 
 
@@ -354,13 +356,14 @@ def load_wandb_history(path, compute_col: str, reward_col: str, *, n_col: str | 
                         name=name)
     rows, where = _history_rows(path)
     cols = {"compute": compute_col, "reward": reward_col, "n": n_col, "k": k_col}
-    seen = set().union(*rows) if rows else set()
+    seen = set().union(*(r for _, r in rows))
     for col in [c for c in cols.values() if c is not None]:
         if col not in seen:
-            shown = ", ".join(sorted(k for k in seen if not k.startswith("_"))[:30]) or "none"
+            keys = sorted(seen)
+            shown = ", ".join(keys[:30]) + (f", ... ({len(keys)} in all)" if len(keys) > 30 else "") or "none"
             raise ValueError(f"{path}: no history row has column {col!r} (columns: {shown})")
     points = []
-    for i, row in enumerate(rows, 1):
+    for i, row in rows:
         if row.get(reward_col) is None:  # not logged at this row (a JSON export writes null for it)
             continue
         p = {k: _json_value(row.get(c), path, where, i, c) for k, c in cols.items() if c is not None}

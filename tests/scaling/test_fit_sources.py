@@ -178,6 +178,11 @@ def test_bad_sources_exit_2_naming_file_line_and_column(tmp_path, capsys):
     j.write_text(json.dumps([{"_step": 1, "acc": 0.5}]))
     with pytest.raises(ValueError, match="no history row has column 'eval/acc'"):
         load_wandb_history(j, "_step", "eval/acc")
+    jl = tmp_path / "h.jsonl"
+    jl.write_text('{"_step": 1, "acc": 0.5}\n\n{"_step": 2, "acc": "high"}\n{"_step": 3, "ac')  # cut mid-line
+    with pytest.raises(ValueError, match=r"h.jsonl: line 3: column 'acc' holds 'high', not a number"):
+        with pytest.warns(ScalingFitWarning, match="skipped 1 unparseable lines"):
+            load_wandb_history(jl, "_step", "acc")
     with pytest.raises(SystemExit) as e:  # a source without its column flags
         fit_cli.main(["--csv", str(f), "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and "--compute-col" in capsys.readouterr().err

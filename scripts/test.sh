@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv (with the test extra: pytest, hypothesis, torch CPU, transformers, sglang-router) and run the tests
+# Set up .venv (the runtime and the test extra: pytest, hypothesis, torch CPU, transformers, ruff) and run the tests
 # (--heavy: also the end-to-end checks marked heavy).
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "test"
 set +e

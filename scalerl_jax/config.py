@@ -473,6 +473,7 @@ class ForecastConfig:
     #: skip an eval's refit while the refits so far took more than this share of the run's wall time (the refit
     #: process runs at low priority on the CPU, never on the accelerators)
     max_share: float = 0.1
+    nice: int = 10  # the refit process's scheduling niceness (0-19; higher: less CPU taken from training)
     baseline: str | None = None  # run directory of the same task to compare each forecast with (--baseline)
     #: stop the run once P(A_this < A_baseline) >= this, after ``stop_min_evals`` evals (--stop-if-worse)
     stop_if_worse: float | None = None

@@ -70,6 +70,14 @@ class Forecaster:
                              k_samples=d.get("k_samples"), init=init, seed=seed, **self.nuts)
         return post, [str(w.message) for w in rec]
 
+    def warm_up(self) -> None:
+        """Compile the sampler on a synthetic curve of the shape a run's evals have (a step-0 eval: R0 fitted; eval
+        counts: the binomial-like likelihood), so that the first real refit finds it compiled."""
+        c = np.linspace(0.0, 1.0, 8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit_bayes(c, 0.3 + 0.3 * c / (0.5 + c), None, n_prompts=100, k_samples=4, seed=self.seed, **self.nuts)
+
     def baseline(self) -> SigmoidPosterior | None:
         """The baseline's posterior on all its evals, refitted when it has more evals than at the last call."""
         if self.baseline_dir is None:

@@ -5,9 +5,13 @@ refit process (``python -m scalerl_jax.scaling.live``, one per run, started with
 waiting for it; each step it calls :meth:`LiveForecast.poll` for the rows that have come back and writes them to
 metrics.jsonl. Why a process and not a thread: the refit is JAX (NumPyro's NUTS), and in the trainer's process it
 would share the trainer's JAX runtime (its devices: on a GPU machine it would allocate accelerator memory), its
-XLA thread pool and the GIL. The process runs JAX on the CPU only, single-threaded, at the lowest scheduling
-priority, so training keeps the machine; its compiled sampler persists across refits (one compilation per run),
-and each refit starts from the previous one's medians. Its log is ``RUN_DIR/forecast.log``.
+XLA thread pool and the GIL. The process runs JAX on the CPU only, on one thread, at a lower scheduling priority
+(``forecast.nice``), so training keeps the machine; it compiles its sampler as it starts (on a synthetic curve of
+the same shape, while the first evals are made), keeps it across refits and caches the compiled code on disk for
+the next run (``JAX_COMPILATION_CACHE_DIR``, default ``~/.cache/scalerl_jax/xla``); each refit starts from the
+previous one's medians. Its log is ``RUN_DIR/forecast.log``. (At the lowest priority, 19, on a machine already
+busy with the trainer and its generators, the process got so little CPU that its import and compilation outlasted
+a whole smoke run: hence a middle value.)
 
 Protocol: one JSON object per line. The trainer sends ``{"total_steps": N}``; the process answers
 ``{"row": {...} | null, "seconds": s}`` (null while there are fewer evals than ``min_evals``) or
@@ -37,6 +41,9 @@ def worker_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROCESSES",
                                                                      "JAX_PROCESS_ID"))}
     env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", XLA_FLAGS=WORKER_XLA_FLAGS, PYTHONUNBUFFERED="1")
+    if not env.get("JAX_COMPILATION_CACHE_DIR"):
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalerl_jax" / "xla"
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     return env
 
 
@@ -54,7 +61,8 @@ class LiveForecast:
     def __init__(self, run_dir, cfg, *, total_steps: int, seed: int = 0, log: Callable[[str], None] = print) -> None:
         self.run_dir, self.cfg, self.total_steps, self.log = Path(run_dir), cfg, int(total_steps), log
         self.t0 = time.monotonic()
-        self.fit_seconds = 0.0  # wall time the refit process spent on the refits so far
+        self.fit_seconds = 0.0  # wall time the refit process spent on the refits so far (not its start-up)
+        self._started = False  # the first reply came back (the process had imported JAX and compiled)
         self.busy_since: float | None = None
         self.pending = False  # an eval arrived while a refit ran (or was skipped for the budget)
         self.skipped = 0  # evals whose refit was skipped for the time budget
@@ -64,7 +72,7 @@ class LiveForecast:
         args = [sys.executable, "-m", "scalerl_jax.scaling.live", str(self.run_dir),
                 "--compute-key", cfg.compute_key, "--min-evals", str(cfg.min_evals),
                 "--num-samples", str(cfg.num_samples), "--num-chains", str(cfg.num_chains),
-                "--num-warmup", str(cfg.num_warmup), "--seed", str(seed)]
+                "--num-warmup", str(cfg.num_warmup), "--seed", str(seed), "--nice", str(cfg.nice)]
         if cfg.baseline:
             args += ["--baseline", str(cfg.baseline)]
         self.log_path = self.run_dir / "forecast.log"
@@ -88,7 +96,7 @@ class LiveForecast:
 
     def share(self) -> float:
         """The refits' wall time so far over the run's, counting a refit in flight."""
-        busy = self.fit_seconds + (time.monotonic() - self.busy_since if self.busy else 0.0)
+        busy = self.fit_seconds + (time.monotonic() - self.busy_since if self.busy and self._started else 0.0)
         return busy / max(time.monotonic() - self.t0, 1e-9)
 
     def _send(self) -> None:
@@ -115,7 +123,7 @@ class LiveForecast:
             return
         if self.busy:
             self.pending = True
-        elif force or self.fit_seconds == 0.0 or self.share() <= self.cfg.max_share:
+        elif force or self.share() <= self.cfg.max_share:
             self._send()
         else:
             self.pending = True
@@ -135,8 +143,9 @@ class LiveForecast:
             if reply is None:
                 self._died(f"it exited with status {self.proc.wait()}")
                 break
-            if self.busy:
+            if self.busy and self._started:  # the first request waited for the start-up: not a refit's cost
                 self.fit_seconds += time.monotonic() - self.busy_since
+            self._started = True
             self.busy_since = None
             if "error" in reply:
                 self.log(f"[forecast] refit failed: {reply['error']}")
@@ -179,9 +188,9 @@ class LiveForecast:
         self._log_file.close()
 
 
-def _lower_priority() -> None:
+def _lower_priority(nice: int) -> None:
     try:
-        os.nice(19)  # the lowest priority: the trainer's processes come first
+        os.nice(nice)  # the trainer's processes come first
     except (OSError, AttributeError):
         pass
 
@@ -201,13 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-warmup", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default=None)
+    ap.add_argument("--nice", type=int, default=10)
     a = ap.parse_args(argv)
-    _lower_priority()
+    _lower_priority(a.nice)
+    t0 = time.perf_counter()
     from scalerl_jax.scaling.forecast import Forecaster
 
     fc = Forecaster(a.run_dir, compute_key=a.compute_key, min_evals=a.min_evals, baseline=a.baseline,
                     num_samples=a.num_samples, num_chains=a.num_chains, num_warmup=a.num_warmup, seed=a.seed)
-    print(f"[forecast] refit process {os.getpid()} ready for {a.run_dir}", file=sys.stderr, flush=True)
+    fc.warm_up()
+    print(f"[forecast] refit process {os.getpid()} ready for {a.run_dir} (started and compiled in "
+          f"{time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
     for line in sys.stdin:
         t0 = time.perf_counter()
         try:

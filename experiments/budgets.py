@@ -25,6 +25,7 @@ from scalerl_jax.config import (
     THINK_INTERRUPTION,
     ConfigError,
     ExperimentConfig,
+    completion_budget_error,
 )
 
 R = dataclasses.replace
@@ -55,7 +56,7 @@ def check_completion_budget(exp: ExperimentConfig, interruption_tokens: int = 0)
     if lc.kind != "interruption":
         return
     need = lc.think_budget_hi + interruption_tokens + lc.answer_budget
-    if need > ro.max_new_tokens:
+    if completion_budget_error(ro.max_new_tokens, lc.think_budget_hi, interruption_tokens, lc.answer_budget):
         text = f" + the interruption text's {interruption_tokens} tokens" if interruption_tokens else ""
         raise ConfigError(f"rollout.max_new_tokens {ro.max_new_tokens} is below rollout.length.think_budget_hi "
                           f"{lc.think_budget_hi}{text} + rollout.length.answer_budget {lc.answer_budget} = {need}: "

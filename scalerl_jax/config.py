@@ -548,3 +548,15 @@ def _field_from_json(typ: Any, value: Any) -> Any:
 def replace(cfg, **changes):
     """``dataclasses.replace`` re-exported so experiments need one import."""
     return dataclasses.replace(cfg, **changes)
+
+
+def completion_budget_error(max_new_tokens: int, budget_hi: int, interruption_tokens: int,
+                            answer_budget: int) -> str | None:
+    """The one budget rule of interruption length control: ``max_new_tokens`` must hold the longest thinking
+    budget, the interruption's tokens and the answer budget. None when it does; else the message, naming the sum
+    (callers add what names their fields: a request, a config path)."""
+    need = budget_hi + interruption_tokens + answer_budget
+    if max_new_tokens >= need:
+        return None
+    return (f"max_new_tokens {max_new_tokens} is below budget_hi {budget_hi} + {interruption_tokens} interruption "
+            f"tokens + answer_budget {answer_budget} = {need}")

@@ -20,17 +20,13 @@ Log-probs (see :mod:`scalerl_jax.rollout.sampling`): ``log_softmax(logits / temp
 token, before top-p truncation (for temperature 0: ``log_softmax(logits)``), i.e. exactly what the trainer
 recomputes with ``token_logprobs(..., temperature=temperature)``. Injected tokens record 0.0.
 
-Interruption length control (RECIPE.md section 4), per row, inside the jitted loop:
-
-    THINK  --(n_generated == think_budget, think_end not seen)-->  INJECT  --(all interruption ids fed)-->
-    ANSWER --(stop token: "interrupted" | answer_budget sampled tokens: "length", truncated)
-    THINK  --(think_end_ids just completed)-->  FREE (plain generation: "stop" or "length")
-
-In INJECT the token is forced to ``interruption_ids[i]`` (flagged injected, version INJECTED_VERSION, logprob
-0.0) and still fed through the model, so the answer is conditioned on it. Because the state machine runs per
-step, the interruption lands exactly at the budget whatever the chunk size. ``max_new_tokens`` caps every
-completion (injected tokens included); with length control it must be at least
-``budget_hi + len(interruption_ids) + answer_budget``.
+Interruption length control, per row, inside the jitted loop (:func:`advance_rows`): the state machine and its
+decisions are :mod:`scalerl_jax.rollout.length_rule`'s, shared with the client's interruption. In INJECT the
+token is forced to ``interruption_ids[i]`` (flagged injected, version INJECTED_VERSION, logprob 0.0) and still
+fed through the model, so the answer is conditioned on it. Because the state machine runs per step, the
+interruption lands exactly at the budget whatever the chunk size. ``max_new_tokens`` caps every completion
+(injected tokens included); with length control it must be at least
+``budget_hi + len(interruption_ids) + answer_budget`` (:func:`scalerl_jax.config.completion_budget_error`).
 """
 
 from __future__ import annotations
@@ -41,12 +37,23 @@ import jax.numpy as jnp
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import forward_cached, init_cache, lm_logits
 from scalerl_jax.models.params import Params
+from scalerl_jax.rollout.length_rule import (  # noqa: F401  (FIN_*, FINISH_NAMES, NO_BUDGET: re-exported)
+    FIN_INTERRUPTED,
+    FIN_LENGTH,
+    FIN_NONE,
+    FIN_STOP,
+    FINISH_NAMES,
+    NO_BUDGET,
+    PH_ANSWER,
+    PH_FREE,
+    PH_INJECT,
+    PH_THINK,
+    length_hit,
+    stop_finish,
+    think_end_matches,
+    think_events,
+)
 from scalerl_jax.rollout.sampling import sample_tokens
-
-PH_THINK, PH_INJECT, PH_ANSWER, PH_FREE = 0, 1, 2, 3
-FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_INTERRUPTED = 0, 1, 2, 3
-FINISH_NAMES = {FIN_STOP: "stop", FIN_LENGTH: "length", FIN_INTERRUPTED: "interrupted"}
-NO_BUDGET = 2**30  # the thinking budget of a row without length control
 
 
 def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
@@ -74,7 +81,14 @@ def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, 
     hidden_B1D, cache = forward_cached(params, st["tok"][:, None], st["pos"][:, None], cache, cfg)
     logits_BV = lm_logits(params, hidden_B1D[:, 0], cfg)
     samp_B, samp_lp_B = sample_tokens(logits_BV, rows["temp"], rows["top_p"], key, use_top_p=use_top_p)
+    new_st, ys = advance_rows(st, rows, samp_B, samp_lp_B)
+    return cache, new_st, ys
 
+
+def advance_rows(st: dict, rows: dict, samp_B, samp_lp_B):
+    """The state machine's step for every row, given the tokens sampled for them (``samp_B``, log-probs
+    ``samp_lp_B``): the token each row emits (forced while injecting), its new decode state, and the outputs
+    (token, log-prob, emitted, injected). The decisions are :mod:`scalerl_jax.rollout.length_rule`'s."""
     active_B = ~st["done"]
     phase_B = st["phase"]
     inj_B = phase_B == PH_INJECT
@@ -92,19 +106,18 @@ def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, 
     thinking_B = active_B & (phase_B == PH_THINK)
     shifted_BW = jnp.concatenate([st["window"][:, 1:], tok_B[:, None]], axis=1)
     window_BW = jnp.where(thinking_B[:, None], shifted_BW, st["window"])
-    matches_B = jnp.all((window_BW == rows["think_end"]) | ~rows["think_mask"], axis=1)
-    think_end_hit_B = thinking_B & matches_B
+    matches_B = think_end_matches(jnp, window_BW, rows["think_end"], rows["think_mask"])
 
     is_stop_B = active_B & ~inj_B & jnp.any(tok_B[:, None] == rows["stop"], axis=1)
-    budget_hit_B = thinking_B & ~think_end_hit_B & ~is_stop_B & (n_gen_B >= rows["budget"])
+    think_end_hit_B, budget_hit_B = think_events(thinking_B, matches_B, is_stop_B, n_gen_B, rows["budget"])
     new_phase_B = jnp.where(think_end_hit_B, PH_FREE, phase_B)
     new_phase_B = jnp.where(budget_hit_B, PH_INJECT, new_phase_B)
     new_phase_B = jnp.where(inj_finished_B, PH_ANSWER, new_phase_B)
-    answer_full_B = (new_phase_B == PH_ANSWER) & (ans_B >= rows["ans_budget"])
-    len_hit_B = active_B & ~is_stop_B & (answer_full_B | (n_gen_B >= rows["max_new"]))
+    len_hit_B = length_hit(active_B, is_stop_B, new_phase_B == PH_ANSWER, ans_B, rows["ans_budget"], n_gen_B,
+                           rows["max_new"])
 
     finish_B = st["finish"]
-    finish_B = jnp.where(is_stop_B, jnp.where(phase_B == PH_ANSWER, FIN_INTERRUPTED, FIN_STOP), finish_B)
+    finish_B = jnp.where(is_stop_B, stop_finish(jnp, phase_B), finish_B)
     finish_B = jnp.where(len_hit_B, FIN_LENGTH, finish_B)
     new_st = {
         "tok": jnp.where(active_B, tok_B, st["tok"]),
@@ -117,7 +130,7 @@ def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, 
         "window": window_BW,
         "finish": finish_B,
     }
-    return cache, new_st, (tok_B, lp_B, active_B, active_B & inj_B)
+    return new_st, (tok_B, lp_B, active_B, active_B & inj_B)
 
 
 def _decode_chunk(params, cache, st, rows, *, cfg: ModelConfig, n_steps: int, use_top_p: bool):

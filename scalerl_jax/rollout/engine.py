@@ -69,6 +69,7 @@ from scalerl_jax.models import init_cache, param_shapes
 from scalerl_jax.models.layers import dtype as to_dtype
 from scalerl_jax.models.params import Params
 from scalerl_jax.rollout.decode import FINISH_NAMES, decode_chunk_jit, prefill_kv_jit, scatter_rows_jit
+from scalerl_jax.rollout.length_rule import draw_budget
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest
 from scalerl_jax.rollout.rows import (
     Row,
@@ -227,21 +228,24 @@ class JaxEngine:
             sp, lc = req.params, req.length
             prompt = [int(t) for t in req.prompt_ids]
             for s in range(sp.n):
-                budget = int(self._rng.integers(lc.budget_lo, lc.budget_hi + 1)) if lc is not None else None
+                budget = draw_budget(self._rng, lc) if lc is not None else None
                 rows.append(Row(sub, i, s, prompt, float(sp.temperature), float(sp.top_p), int(sp.max_new_tokens),
                                  tuple(int(t) for t in sp.stop_token_ids), lc, budget, sub_key, len(rows)))
         return rows
 
     def submit(self, requests: Sequence[GenerationRequest],
-               on_done: Callable[[Submission], None] | None = None) -> Submission:
-        """Queue ``requests`` for generation and return at once (thread-safe); ValueError on a bad request.
+               on_done: Callable[[Submission], None] | None = None, *, checked: bool = False) -> Submission:
+        """Queue ``requests`` for generation and return at once (thread-safe); ValueError on a bad request
+        (:func:`~scalerl_jax.rollout.rows.validate_requests`; ``checked``: the caller has checked them against this
+        engine's vocabulary and ``max_len`` already, as the server's :func:`.server_wire.parse_generate_body` does).
 
         The rows join the running batch at the next decode-chunk boundary of whichever thread calls
         :meth:`step` (someone must: :meth:`drive` does it until this submission is done, a server's driver thread
         does it forever). ``on_done(submission)`` runs once all of them have finished.
         """
         requests = list(requests)
-        validate_requests(requests, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
+        if not checked:
+            validate_requests(requests, vocab_size=self.cfg.vocab_size, max_len=self.max_len)
         with self._lock:
             self._seq += 1
             sub = Submission(requests, on_done, self._seq)

@@ -39,8 +39,9 @@ are not more than the N servers plus the trainer, each server runs XLA single-th
 as the machine and they preempt one another mid-op, while with one thread each the OS spreads the processes
 over the cores (the small models run on CPU gain little from intra-op threads anyway).
 
-``device_count()`` sums what the servers report in ``/get_server_info`` (``device_count``: the JAX devices each
-server's engine runs on); a server that reports nothing usable counts as one device.
+``device_count()`` sums what the servers report in ``/get_server_info``, by the client's rule
+(:func:`~scalerl_jax.rollout.wire_schema.devices_from_server_info`); a server that reports nothing usable counts as
+one device.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from typing import Any, Self
 
 import httpx
 
+from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.processes import (
     PACKAGE_PARENT,
     WATCH_INTERVAL_S,
@@ -79,19 +81,6 @@ ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two")
 
 class FleetError(RuntimeError):
     """A fleet process failed to start or to become healthy."""
-
-
-def _devices_in(info: Any) -> int | None:
-    """The device count a server reports in ``/get_server_info`` (no field agreed yet: accept a few names)."""
-    if not isinstance(info, dict):
-        return None
-    for key in ("device_count", "num_devices", "n_devices"):
-        v = info.get(key)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    if isinstance(info.get("devices"), list) and info["devices"]:
-        return len(info["devices"])
-    return None
 
 
 class LocalFleet:
@@ -204,17 +193,18 @@ class LocalFleet:
     def device_count(self) -> int:
         """Generator devices the fleet uses: the sum of what each server reports, 1 for a server that does not.
 
-        Reads ``device_count`` (ours), ``num_devices`` or a ``devices`` list from ``/get_server_info``; a server
-        that reports none of them, or cannot be asked, counts as one device.
+        Reads ``/get_server_info`` by the client's rule (:func:`.wire_schema.devices_from_server_info`: our
+        ``device_count``, else SGLang's ``tp_size * pp_size * dp_size``); a server that reports neither, or cannot
+        be asked, counts as one device.
         """
         total = 0
         with httpx.Client(trust_env=False, timeout=5.0) as http:
             for url in self.worker_urls:
                 n = None
                 try:
-                    r = http.get(url + "/get_server_info")
+                    r = http.get(url + ws.SERVER_INFO)
                     if r.status_code == 200:
-                        n = _devices_in(r.json())
+                        n = ws.devices_from_server_info(r.json())
                 except (httpx.HTTPError, ValueError):
                     pass
                 total += n or 1
@@ -412,7 +402,7 @@ class LocalFleet:
                             self._spawn_server(s)
                             continue
                         raise self._startup_error(s, f"exited with code {rc} during start-up")
-                    if _ok(http, s.url + "/health"):
+                    if _ok(http, s.url + ws.HEALTH):
                         s.state = "up"
                         pending.remove(s)
                         self._say(f"[fleet] {s.name} up on port {s.port} after "
@@ -430,7 +420,7 @@ class LocalFleet:
                 rc = r.proc.poll() if r.proc else None
                 if rc is not None:
                     raise self._startup_error(r, f"exited with code {rc} during start-up")
-                if _ok(http, r.url + "/health"):
+                if _ok(http, r.url + ws.HEALTH):
                     healthy = self._router_healthy_workers(http)
                     if want <= healthy:
                         break
@@ -448,18 +438,18 @@ class LocalFleet:
             return []
         try:
             with httpx.Client(trust_env=False, timeout=5.0) as http:
-                body = http.get(self._router.url + "/workers").json()
+                body = http.get(self._router.url + ws.ROUTER_WORKERS[0]).json()
             return list(body.get("workers", [])) if isinstance(body, dict) else []
         except (httpx.HTTPError, ValueError):
             return []
 
     def _router_healthy_workers(self, http: httpx.Client) -> set[str]:
         try:
-            body = http.get(self._router.url + "/workers").json()
+            body = http.get(self._router.url + ws.ROUTER_WORKERS[0]).json()
         except (httpx.HTTPError, ValueError):
             return set()
-        ws = body.get("workers", []) if isinstance(body, dict) else []
-        return {str(w.get("url", "")).rstrip("/") for w in ws if isinstance(w, dict) and w.get("is_healthy")}
+        workers = body.get("workers", []) if isinstance(body, dict) else []
+        return {str(w.get("url", "")).rstrip("/") for w in workers if isinstance(w, dict) and w.get("is_healthy")}
 
     # ---- the monitor (restarts) ----
 
@@ -514,7 +504,7 @@ class LocalFleet:
             else:
                 self.restarts += 1
             self._respawn(c)
-        elif c.state == "starting" and _ok(http, c.url + "/health"):
+        elif c.state == "starting" and _ok(http, c.url + ws.HEALTH):
             c.state, c.failures = "up", 0
             if not is_router:
                 self._catch_up_weights(c)
@@ -527,7 +517,7 @@ class LocalFleet:
         if version <= s.version:
             return
         try:
-            r = httpx.post(s.url + "/update_weights_from_disk", json={"model_path": path,
+            r = httpx.post(s.url + ws.UPDATE_WEIGHTS, json={"model_path": path,
                            "weight_version": str(version)}, timeout=600.0, trust_env=False)
             if r.status_code == 200:
                 s.version = version

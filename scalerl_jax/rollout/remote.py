@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl_jax.config import ModelConfig
+from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.protocol import Completion, GenerationRequest
 
 
@@ -121,12 +122,7 @@ class RemoteGenerator:
     def reseed(self, seed: int) -> None:
         """Re-seed what the client draws itself (thinking budgets of client-side interruption); the servers'
         sampling is their own."""
-        if hasattr(self.client, "reseed"):
-            self.client.reseed(seed)
-        elif hasattr(self.client, "_rng"):
-            import random
-
-            self.client._rng = random.Random(seed)
+        self.client.reseed(seed)
 
     def device_count(self) -> int:
         """Generator devices the fleet uses (counted in the run's compute)."""
@@ -174,7 +170,7 @@ class RemoteGenerator:
             return self._rates
         for url in urls:
             try:
-                tokens = float(httpx.get(url + "/stats", timeout=2.0).json()["completion_tokens"])
+                tokens = float(httpx.get(url + ws.STATS, timeout=2.0).json()["completion_tokens"])
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 continue
             prev = self._poll.get(url)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalerl_jax.rollout.decode import FIN_LENGTH, FIN_NONE, NO_BUDGET, PH_FREE, PH_THINK
+from scalerl_jax.config import completion_budget_error
+from scalerl_jax.rollout.length_rule import FIN_LENGTH, FIN_NONE, NO_BUDGET, PH_FREE, PH_THINK
 from scalerl_jax.rollout.protocol import Completion, GenerationRequest, LengthControl
 
 log = logging.getLogger(__name__)
@@ -119,10 +120,10 @@ def validate_requests(requests: Sequence[GenerationRequest], *, vocab_size: int,
             bad = [t for t in (*lc.think_end_ids, *lc.interruption_ids) if not 0 <= t < V]
             if bad:
                 raise ValueError(f"{name}: length-control token id {bad[0]} is outside the vocabulary [0, {V})")
-            need = lc.budget_hi + len(lc.interruption_ids) + lc.answer_budget
-            if sp.max_new_tokens < need:
-                raise ValueError(f"{name}: max_new_tokens {sp.max_new_tokens} is below budget_hi + "
-                                 f"len(interruption_ids) + answer_budget = {need}")
+            err = completion_budget_error(sp.max_new_tokens, lc.budget_hi, len(lc.interruption_ids),
+                                          lc.answer_budget)
+            if err is not None:
+                raise ValueError(f"{name}: {err}")
 
 
 RIGHT_ALIGNED = ("think_end", "think_mask", "window")  # matched against the newest tokens: padding goes left

@@ -67,10 +67,10 @@ import jax
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest
 from scalerl_jax.rollout.server_wire import (
-    EXTENSIONS,
     BadRequest,
     completion_to_sglang,
     error_response,
@@ -82,7 +82,6 @@ from scalerl_jax.rollout.server_wire import (
 
 log = logging.getLogger(__name__)
 
-SERVER_VERSION = "scalerl_jax"  # /get_server_info "version"; real SGLang reports its release (e.g. "0.5.3")
 
 
 # ---- the batching driver -------------------------------------------------------------------------------
@@ -146,7 +145,8 @@ class EngineDriver:
             self._jobs[id(job)] = job
             self._last_submit = time.monotonic()
         try:
-            self.engine.submit(requests, on_done=lambda sub: self._job_done(job, sub))
+            # parse_generate_body checked them against the engine's vocabulary and max_len
+            self.engine.submit(requests, on_done=lambda sub: self._job_done(job, sub), checked=True)
         except ValueError as e:
             with self._cond:
                 self._jobs.pop(id(job), None)
@@ -503,7 +503,7 @@ def _model_fields(st: _AppState) -> dict[str, Any]:
             "weight_version": st.weight_version, "load_format": "auto", "reasoning_parser": None,
             "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": False,
             "has_audio_understanding": False, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-            "scalerl_extensions": EXTENSIONS, "vocab_size": st.vocab, "max_len": st.max_len,
+            ws.EXTENSIONS_KEY: ws.EXTENSIONS, "vocab_size": st.vocab, "max_len": st.max_len,
             "max_batch": st.engine.max_batch, **st.info.extra}
 
 
@@ -521,9 +521,10 @@ def _server_info(request: Request) -> dict[str, Any]:
             "load_balance_method": "round_robin", "context_length": max_len,
             "max_running_requests": engine.max_batch, "max_total_num_tokens": engine.max_batch * max_len,
             "max_prefill_tokens": engine.max_batch * max_len, "skip_tokenizer_init": st.tokenizer is None,
-            "dtype": engine.cfg.dtype, "device_count": st.devices, "internal_states": [{}],
+            "dtype": engine.cfg.dtype, ws.DEVICE_COUNT: st.devices, "internal_states": [{}],
             "model_config": dataclasses.asdict(engine.cfg),
-            "decode_chunk": engine.decode_chunk, "paused": st.driver.paused, "version": SERVER_VERSION}
+            "decode_chunk": engine.decode_chunk, "paused": st.driver.paused,
+            "version": ws.SERVER_VERSION}  # real SGLang reports its release (e.g. "0.5.3")
 
 
 # ``/stats`` (ours): request counters, scheduler counters and the recent control events.
@@ -537,21 +538,21 @@ async def _stats(request: Request):
 # (path, handler, methods); each route is named after its handler without the underscore, as before (the names
 # make the OpenAPI operation ids; the handlers have comments, not docstrings, which OpenAPI would publish)
 _ROUTES = (
-    ("/generate", _generate, ["POST", "PUT"]),
-    ("/update_weights_from_disk", _update_weights_from_disk, ["POST"]),
-    ("/pause_generation", _pause_generation, ["POST"]),
-    ("/continue_generation", _continue_generation, ["POST"]),
-    ("/flush_cache", _flush_cache, ["GET", "POST"]),
-    ("/abort_request", _abort_request, ["POST"]),
-    ("/get_weight_version", _get_weight_version, ["GET"]),
-    ("/health", _health, ["GET"]),
-    ("/health_generate", _health_generate, ["GET"]),
-    ("/get_load", _get_load, ["GET"]),
-    ("/get_model_info", _model_info, ["GET"]),
-    ("/model_info", _model_info, ["GET"]),
-    ("/get_server_info", _server_info, ["GET"]),
-    ("/server_info", _server_info, ["GET"]),
-    ("/stats", _stats, ["GET"]),
+    (ws.GENERATE, _generate, ["POST", "PUT"]),
+    (ws.UPDATE_WEIGHTS, _update_weights_from_disk, ["POST"]),
+    (ws.PAUSE, _pause_generation, ["POST"]),
+    (ws.CONTINUE, _continue_generation, ["POST"]),
+    (ws.FLUSH_CACHE, _flush_cache, ["GET", "POST"]),
+    (ws.ABORT, _abort_request, ["POST"]),
+    (ws.WEIGHT_VERSION, _get_weight_version, ["GET"]),
+    (ws.HEALTH, _health, ["GET"]),
+    (ws.HEALTH_GENERATE, _health_generate, ["GET"]),
+    (ws.LOAD, _get_load, ["GET"]),
+    (ws.MODEL_INFO, _model_info, ["GET"]),
+    (ws.MODEL_INFO_ALIAS, _model_info, ["GET"]),
+    (ws.SERVER_INFO, _server_info, ["GET"]),
+    (ws.SERVER_INFO_ALIAS, _server_info, ["GET"]),
+    (ws.STATS, _stats, ["GET"]),
 )
 
 

@@ -52,13 +52,17 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from scalerl_jax.config import completion_budget_error
+from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl, SamplingParams
+from scalerl_jax.rollout.wire_schema import EXTENSIONS, PAUSE_MODES
+
+__all__ = ["EXTENSIONS", "PAUSE_MODES", "BadRequest", "GenerateOptions", "completion_to_sglang", "error_response",
+           "finish_reason_json", "parse_abort_body", "parse_generate_body", "parse_length", "parse_pause_mode",
+           "parse_sampling", "parse_update_body", "weight_version_spans"]
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["length_control", "output_token_versions", "output_token_injected", "think_budget", "truncated",
-              "scalerl_finish_reason"]
-PAUSE_MODES = ("abort", "retract", "in_place")
 # UpdateWeightFromDiskReqInput's fields (managers/io_struct.py, 0.4.10.post2 .. 0.5.23; rid from BaseReq)
 SGLANG_UPDATE_FIELDS = ("model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
                         "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache",
@@ -219,15 +223,11 @@ def parse_length(lc: Any, vocab: int) -> LengthControl | None:
     if lc is None:
         return None
     if not isinstance(lc, dict):
-        raise BadRequest(f"length_control must be an object, got {type(lc).__name__}")
-    try:
-        return LengthControl(
-            think_end_ids=tuple(_ids(lc.get("think_end_ids"), "length_control.think_end_ids", vocab)),
-            interruption_ids=tuple(_ids(lc.get("interruption_ids"), "length_control.interruption_ids", vocab)),
-            budget_lo=_int(lc.get("budget_lo"), "length_control.budget_lo", 1),
-            budget_hi=_int(lc.get("budget_hi"), "length_control.budget_hi", 1),
-            answer_budget=_int(lc.get("answer_budget"), "length_control.answer_budget", 0),
-        )
+        raise BadRequest(f"{ws.LENGTH_CONTROL} must be an object, got {type(lc).__name__}")
+    ids = {f: tuple(_ids(lc.get(f), f"{ws.LENGTH_CONTROL}.{f}", vocab)) for f in ws.LENGTH_FIELDS[:2]}
+    try:  # budget_lo, budget_hi >= 1, answer_budget >= 0
+        return LengthControl(**ids, **{f: _int(lc.get(f), f"{ws.LENGTH_CONTROL}.{f}", low)
+                                       for f, low in zip(ws.LENGTH_FIELDS[2:], (1, 1, 0), strict=True)})
     except ValueError as e:
         raise BadRequest(str(e)) from e
 
@@ -318,7 +318,7 @@ def parse_generate_body(
         raise BadRequest("logprob_start_len is not supported by this server (output_token_logprobs only)")
     rid = body.get("rid")
     rids = [f"{rid}_{i}" for i in range(k)] if isinstance(rid, str) and batched else _as_list(rid, k, "rid")
-    lengths = _as_list(body.get("length_control"), k, "length_control")
+    lengths = _as_list(body.get(ws.LENGTH_CONTROL), k, ws.LENGTH_CONTROL)
     reqs = []
     for i, (p, sp, rid_i, lc) in enumerate(zip(prompts, sps, rids, lengths)):
         if rid_i is not None and not isinstance(rid_i, str):
@@ -328,11 +328,10 @@ def parse_generate_body(
         if len(p) + sp.max_new_tokens > max_len:
             raise BadRequest(f"{where}: {len(p)} prompt tokens + max_new_tokens {sp.max_new_tokens} exceeds the "
                              f"server's max_len {max_len}")
-        if lcp is not None:
-            need = lcp.budget_hi + len(lcp.interruption_ids) + lcp.answer_budget
-            if sp.max_new_tokens < need:
-                raise BadRequest(f"{where}: with length_control, max_new_tokens {sp.max_new_tokens} must be at least "
-                                 f"budget_hi + len(interruption_ids) + answer_budget = {need}")
+        err = None if lcp is None else completion_budget_error(sp.max_new_tokens, lcp.budget_hi,
+                                                               len(lcp.interruption_ids), lcp.answer_budget)
+        if err is not None:
+            raise BadRequest(f"{where}: with {ws.LENGTH_CONTROL}, {err}")
         reqs.append(GenerationRequest(prompt_ids=p, params=sp, length=lcp, request_id=rid_i or uuid.uuid4().hex))
     opts = GenerateOptions(
         return_logprob=bool(rls[0]), single=(k == 1 and not batched and sps[0].n == 1),
@@ -340,14 +339,6 @@ def parse_generate_body(
         return_prompt_token_ids=body.get("return_prompt_token_ids") is True,
     )
     return reqs, opts
-
-
-def parse_generate(
-    body: Any, vocab: int, max_len: int, tokenizer: Any = None, eos_token_ids: tuple[int, ...] = ()
-) -> tuple[list[GenerationRequest], bool, bool]:
-    """A ``/generate`` body -> (requests, return_logprob, single) where ``single`` means one prompt, n == 1."""
-    reqs, opts = parse_generate_body(body, vocab, max_len, tokenizer, eos_token_ids)
-    return reqs, opts.return_logprob, opts.single
 
 
 # ---- control-route bodies --------------------------------------------------------------------------------
@@ -380,7 +371,7 @@ def parse_update_body(body: Any) -> str | int | None:
 
 def parse_pause_mode(body: Any) -> str:
     """The ``mode`` of a ``/pause_generation`` body (``abort`` when absent)."""
-    mode = body.get("mode", "abort") if isinstance(body, dict) else None
+    mode = body.get("mode", ws.PAUSE_DEFAULT) if isinstance(body, dict) else None
     if mode not in PAUSE_MODES:
         raise BadRequest(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
     return mode
@@ -472,8 +463,8 @@ def completion_to_sglang(c: Completion, *, rid: str, return_logprob: bool, weigh
                                          for lp, t in zip(c.logprobs, c.token_ids)]
     meta["weight_versions"] = weight_version_spans(list(c.versions), version_names, weight_version)
     meta.update({
-        "output_token_versions": list(c.versions), "output_token_injected": list(c.injected),
-        "think_budget": c.think_budget, "truncated": bool(c.truncated), "scalerl_finish_reason": c.finish_reason,
+        ws.OUTPUT_TOKEN_VERSIONS: list(c.versions), ws.OUTPUT_TOKEN_INJECTED: list(c.injected),
+        ws.THINK_BUDGET: c.think_budget, ws.TRUNCATED: bool(c.truncated), ws.FINISH_REASON: c.finish_reason,
     })
     out: dict[str, Any] = {"text": text, "output_ids": list(c.token_ids), "meta_info": meta}
     if return_prompt_token_ids:

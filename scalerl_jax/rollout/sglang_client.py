@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import threading
 import time
 from collections.abc import Sequence
@@ -48,7 +47,10 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import httpx
+import numpy as np
 
+from scalerl_jax.rollout import wire_schema as ws
+from scalerl_jax.rollout.length_rule import FINISH_NAMES, PH_ANSWER, PH_FREE, draw_budget, stop_finish, think_outcome
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
 from scalerl_jax.rollout.sglang_weights import GenerationError, WeightUpdates, WeightVersionMismatch
 from scalerl_jax.rollout.sglang_wire import (
@@ -72,18 +74,6 @@ class _Retryable(Exception):
 
 class _UpdateAborted(Exception):
     """The server aborted the request while a weight update was under way: re-send it, not counted as a retry."""
-
-
-def _first_end(seq: Sequence[int], sub: Sequence[int]) -> int | None:
-    """Length of the shortest prefix of ``seq`` that ends with ``sub`` (None when ``sub`` never occurs)."""
-    m = len(sub)
-    if m == 0:
-        return None
-    sub = list(sub)
-    for i in range(len(seq) - m + 1):
-        if list(seq[i : i + m]) == sub:
-            return i + m
-    return None
 
 
 @dataclass
@@ -159,7 +149,7 @@ class SGLangGenerator(WeightUpdates):
         self._updating = 0  # update_weights calls under way
         self._update_epoch = 0  # bumped when one finishes
         self._rr = itertools.count()
-        self._rng = random.Random(seed)
+        self._rng = np.random.default_rng(seed)
         self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s)),
                                   limits=httpx.Limits(max_connections=self.concurrency + 8))
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client")
@@ -195,7 +185,7 @@ class SGLangGenerator(WeightUpdates):
     def reseed(self, seed: int) -> None:
         """Re-seed what the client draws itself (thinking budgets of client-side interruption)."""
         with self._lock:
-            self._rng = random.Random(seed)
+            self._rng = np.random.default_rng(seed)
 
     # ---- stats ---------------------------------------------------------------------------------------
 
@@ -274,10 +264,10 @@ class SGLangGenerator(WeightUpdates):
     def router_workers(self, url: str) -> list[str] | None:
         """The worker URLs behind router ``url`` (``GET /workers``, older ``GET /list_workers``); None when
         ``url`` is not a router. Raises httpx.HTTPError when it cannot be reached."""
-        out = self._get_json(f"{url}/workers")
+        out = self._get_json(url + ws.ROUTER_WORKERS[0])
         if isinstance(out, dict) and isinstance(out.get("workers"), list):
             return [str(w["url"]).rstrip("/") for w in out["workers"] if isinstance(w, dict) and w.get("url")]
-        out = self._get_json(f"{url}/list_workers")
+        out = self._get_json(url + ws.ROUTER_WORKERS[1])
         if isinstance(out, dict) and isinstance(out.get("urls"), list):
             return [str(u).rstrip("/") for u in out["urls"]]
         return None
@@ -298,7 +288,7 @@ class SGLangGenerator(WeightUpdates):
             return self._caps[url]
         info: Any = None
         try:
-            for route in ("/server_info", "/get_server_info"):
+            for route in (ws.SERVER_INFO_ALIAS, ws.SERVER_INFO):
                 info = self._get_json(url + route)
                 if isinstance(info, dict):
                     break
@@ -320,8 +310,8 @@ class SGLangGenerator(WeightUpdates):
             return self.server_length_control
         if url not in self._extensions:
             try:
-                info = self._get_json(f"{url}/get_model_info")
-                ok = isinstance(info, dict) and "length_control" in (info.get("scalerl_extensions") or [])
+                info = self._get_json(url + ws.MODEL_INFO)
+                ok = isinstance(info, dict) and ws.LENGTH_CONTROL in (info.get(ws.EXTENSIONS_KEY) or [])
             except httpx.HTTPError:
                 return False  # unknown yet: do it in the client this time, ask again next time
             self._extensions[url] = ok
@@ -339,7 +329,7 @@ class SGLangGenerator(WeightUpdates):
         tokens, failed = 0, True
         try:
             try:
-                r = self._http.post(f"{url}/generate", json=body)
+                r = self._http.post(url + ws.GENERATE, json=body)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
                 self._mark_dead(url)
                 raise _Retryable(f"{url}: connection failed ({type(e).__name__}: {e})") from e
@@ -444,36 +434,37 @@ class SGLangGenerator(WeightUpdates):
         """Interruption length control done by the client (servers that do not support ``length_control``), with
         the engine's semantics and two rounds of calls per request instead of a chain per sample.
 
-        Every sample draws its thinking budget B. Round 1 is one call for all ``n`` samples, up to the largest
-        budget. A sample that stopped within its budget, or whose thinking ended (``think_end_ids`` completed) by
-        then, keeps what it sampled; one whose thinking did not end by B is cut at B (tokens sampled past it are
-        dropped: they do not change the distribution of what is kept) and gets the interruption ids (injected).
-        Round 2 continues every unfinished sample from prompt + its tokens (+ the interruption), concurrently:
-        the answer budget after an interruption, the rest of ``max_new_tokens`` otherwise."""
+        Every sample draws its thinking budget B (as the engine does: :func:`.length_rule.draw_budget`). Round 1
+        is one call for all ``n`` samples, up to the largest budget. A sample that stopped within its budget, or
+        whose thinking ended (``think_end_ids`` completed) by then, keeps what it sampled; one whose thinking
+        did not end by B is cut at B (tokens sampled past it are dropped: they do not change the distribution of
+        what is kept) and gets the interruption ids (injected). Round 2 continues every unfinished sample from
+        prompt + its tokens (+ the interruption), concurrently: the answer budget after an interruption, the
+        rest of ``max_new_tokens`` otherwise."""
         p = req.params
         with self._lock:
-            budgets = [self._rng.randint(lc.budget_lo, lc.budget_hi) for _ in range(p.n)]
+            budgets = [draw_budget(self._rng, lc) for _ in range(p.n)]
         first = min(max(budgets), p.max_new_tokens)
         url, samples = self._call(generate_payload(req.prompt_ids, p, n=p.n, max_new_tokens=first))
         comps, todo = [], []  # todo: (completion, injected ids, tokens still allowed)
         for j, (s, budget) in enumerate(zip(samples, budgets)):
             c = s.to_completion(rid, j, req)
             c.think_budget = budget
-            b = min(budget, p.max_new_tokens)
-            end = _first_end(c.token_ids, lc.think_end_ids)
-            if end is not None and end <= b:  # thinking ended in time: plain generation from here on
+            # the engine's state machine over what was sampled (length_rule.think_outcome)
+            event, k = think_outcome(c.token_ids, c.finish_reason == "stop", lc.think_end_ids, budget,
+                                     p.max_new_tokens)
+            if event == "think_end":  # thinking ended in time: plain generation from here on
                 if c.finish_reason == "length" and len(c.token_ids) < p.max_new_tokens:
                     todo.append((c, [], p.max_new_tokens - len(c.token_ids)))
-            elif c.finish_reason == "stop" and len(c.token_ids) <= b:
-                pass  # stopped while thinking, within the budget
-            else:  # the budget was reached while thinking: cut there and interrupt (if there is room left)
+            elif event in ("interrupt", "length"):  # the budget (or max_new_tokens) was reached while thinking
                 c.token_ids, c.logprobs, c.versions, c.injected = (
-                    c.token_ids[:b], c.logprobs[:b], c.versions[:b], c.injected[:b])
-                if b < p.max_new_tokens:
+                    c.token_ids[:k], c.logprobs[:k], c.versions[:k], c.injected[:k])
+                if event == "interrupt":
                     todo.append((c, list(lc.interruption_ids), lc.answer_budget))
                     self._count("client_interruptions")
                 else:
                     c.finish_reason = "length"
+            # "stop": stopped while thinking; "open": the server ended the sample early (kept as it came)
             c.truncated = c.finish_reason == "length"  # round 2 decides again for the samples it continues
             comps.append(c)
 
@@ -487,8 +478,9 @@ class SGLangGenerator(WeightUpdates):
             c.logprobs += [0.0] * k + c2.logprobs
             c.versions += [INJECTED_VERSION] * k + c2.versions
             c.injected += [True] * k + c2.injected
-            # like the engine: a stop while answering after an interruption is "interrupted"
-            c.finish_reason = "interrupted" if (k and c2.finish_reason == "stop") else c2.finish_reason
+            # as in the engine: a stop while answering after an interruption is "interrupted"
+            c.finish_reason = (FINISH_NAMES[int(stop_finish(np, PH_ANSWER if k else PH_FREE))]
+                               if c2.finish_reason == "stop" else c2.finish_reason)
             c.truncated = c2.finish_reason == "length"
 
         if len(todo) == 1:

@@ -28,6 +28,8 @@ from typing import Any
 
 import httpx
 
+from scalerl_jax.rollout import wire_schema as ws
+
 log = logging.getLogger(__name__)
 
 
@@ -77,7 +79,7 @@ class WeightUpdates:
     def reported_version(self, url: str) -> str | None:
         """The ``weight_version`` the worker at ``url`` reports (``/get_weight_version``, else ``/get_model_info``);
         None when it reports none. Raises httpx.HTTPError when it cannot be reached."""
-        for route in ("/get_weight_version", "/get_model_info"):
+        for route in (ws.WEIGHT_VERSION, ws.MODEL_INFO):
             info = self._get_json(url + route)
             if isinstance(info, dict) and info.get("weight_version") is not None:
                 return str(info["weight_version"])
@@ -123,11 +125,11 @@ class WeightUpdates:
 
     def _update_one(self, url: str, path: str, version: int) -> None:
         pause, update = self.server_caps(url).update_bodies(path, version, self.pause_mode)
-        self._control(url, "/pause_generation", pause)
+        self._control(url, ws.PAUSE, pause)
         try:
-            self._control(url, "/update_weights_from_disk", update)
+            self._control(url, ws.UPDATE_WEIGHTS, update)
         finally:
-            self._control(url, "/continue_generation", {})
+            self._control(url, ws.CONTINUE, {})
 
     def _push_one(self, url: str, path: str, version: int) -> None:
         """Push to one worker and confirm the version it then reports (one re-push on a mismatch); records the

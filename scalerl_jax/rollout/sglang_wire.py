@@ -40,10 +40,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.protocol import Completion, GenerationRequest, LengthControl, SamplingParams
+from scalerl_jax.rollout.wire_schema import PAUSE_MODES, devices_from_server_info
+
+__all__ = ["PAUSE_MODES", "PAUSE_MODE_RELEASE", "BadResponse", "Sample", "ServerCaps", "devices_from_server_info",
+           "generate_payload", "length_payload", "parse_release", "parse_sample", "parse_version",
+           "response_outputs", "sampling_payload"]
 
 _SGLANG_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-PAUSE_MODES = ("in_place", "retract", "abort")
 # First SGLang release whose /pause_generation takes {"mode"} and whose UpdateWeightFromDiskReqInput has
 # flush_cache (managers/io_struct.py: absent in 0.5.5.post3, present in 0.5.6)
 PAUSE_MODE_RELEASE = (0, 5, 6)
@@ -83,10 +88,7 @@ def sampling_payload(p: SamplingParams, n: int | None = None, max_new_tokens: in
 
 def length_payload(lc: LengthControl) -> dict[str, Any]:
     """Our extension field ``length_control`` (unknown to real SGLang; dropped by ``sglang-router``)."""
-    return {
-        "think_end_ids": list(lc.think_end_ids), "interruption_ids": list(lc.interruption_ids),
-        "budget_lo": lc.budget_lo, "budget_hi": lc.budget_hi, "answer_budget": lc.answer_budget,
-    }
+    return {f: list(v) if isinstance(v, tuple) else int(v) for f in ws.LENGTH_FIELDS for v in [getattr(lc, f)]}
 
 
 def generate_payload(prompt_ids: Sequence[int], p: SamplingParams, *, n: int | None = None,
@@ -99,7 +101,7 @@ def generate_payload(prompt_ids: Sequence[int], p: SamplingParams, *, n: int | N
         "stream": False,
     }
     if length is not None:
-        body["length_control"] = length_payload(length)
+        body[ws.LENGTH_CONTROL] = length_payload(length)
     return body
 
 
@@ -129,7 +131,7 @@ class ServerCaps:
         """The capabilities of the server at ``url`` that answered ``info`` to ``/get_server_info``."""
         info = info if isinstance(info, dict) else {}
         version = info.get("version") if isinstance(info.get("version"), str) else None
-        ours = "scalerl_extensions" in info or version == "scalerl_jax"
+        ours = ws.EXTENSIONS_KEY in info or version == ws.SERVER_VERSION
         return cls(url, ours=ours, version=version, release=None if ours else parse_release(version),
                    devices=devices_from_server_info(info), info=info)
 
@@ -142,23 +144,6 @@ class ServerCaps:
             # in place, running requests keep their KV cache: SGLang 0.5.23 refuses to flush then
             update["flush_cache"] = pause_mode != "in_place"
         return pause, update
-
-
-def devices_from_server_info(info: Any) -> int | None:
-    """Accelerator devices a server computes on: ours reports ``device_count``; real SGLang's ``ServerArgs``
-    give ``tp_size * pp_size * dp_size`` (with DP attention the DP ranks live inside the TP group)."""
-    if not isinstance(info, dict):
-        return None
-    v = info.get("device_count")
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    ints = {k: info.get(k) for k in ("tp_size", "pp_size", "dp_size")}
-    if not isinstance(ints["tp_size"], int) or ints["tp_size"] < 1:
-        return None
-    n = ints["tp_size"] * (ints["pp_size"] if isinstance(ints["pp_size"], int) and ints["pp_size"] > 0 else 1)
-    if isinstance(ints["dp_size"], int) and ints["dp_size"] > 1 and not info.get("enable_dp_attention"):
-        n *= ints["dp_size"]
-    return n
 
 
 @dataclass
@@ -203,7 +188,7 @@ def parse_sample(o: dict[str, Any], v_submit: int) -> Sample:
     # 0.5.3 puts a few prompt tokens in front (the detokenizer's decode_ids): the log-prob ids are right
     mismatch = isinstance(oi, list) and oi != ids
     n = len(ids)
-    ext = meta.get("output_token_versions")
+    ext = meta.get(ws.OUTPUT_TOKEN_VERSIONS)
     if isinstance(ext, list) and len(ext) == n:
         versions = [int(v) for v in ext]
     else:
@@ -216,13 +201,13 @@ def parse_sample(o: dict[str, Any], v_submit: int) -> Sample:
             # release that reports no version at all gets the submit-time one
             wv = meta.get("weight_version")
             versions = [v_submit if wv is None else min(v_submit, parse_version(wv, 0))] * n
-    inj = meta.get("output_token_injected")
+    inj = meta.get(ws.OUTPUT_TOKEN_INJECTED)
     injected = [bool(b) for b in inj] if isinstance(inj, list) and len(inj) == n else [False] * n
     fr = meta.get("finish_reason")
     ftype = fr.get("type") if isinstance(fr, dict) else fr if isinstance(fr, str) else None
-    finish = meta.get("scalerl_finish_reason") or _SGLANG_FINISH.get(ftype or "", "stop")
-    return Sample(ids, logprobs, versions, injected, finish, bool(meta.get("truncated", finish == "length")),
-                  meta.get("think_budget"), "think_budget" in meta, mismatch)
+    finish = meta.get(ws.FINISH_REASON) or _SGLANG_FINISH.get(ftype or "", "stop")
+    return Sample(ids, logprobs, versions, injected, finish, bool(meta.get(ws.TRUNCATED, finish == "length")),
+                  meta.get(ws.THINK_BUDGET), ws.THINK_BUDGET in meta, mismatch)
 
 
 def _tokens_and_logprobs(meta: dict[str, Any]) -> tuple[list[int], list[float]]:

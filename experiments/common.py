@@ -300,8 +300,9 @@ def forecast_lines(summary: dict) -> list[str]:
               f"{h['target_compute'][-1]:.4g}."]
     if h.get("final_reward") is not None:
         held = (f"every forecast from {h['held_from_compute']:.4g} on ({h['held_from_fraction']:.0%} of the run's "
-                "compute) held it in its 90 % interval" if h.get("held_from_compute") is not None
-                else "the last forecast's 90 % interval did not hold it")
+                "compute) held it in its 90 % interval of the final eval's measured value" if
+                h.get("held_from_compute") is not None else "the last forecast's 90 % interval of the final eval's "
+                f"measured value, [{h['R_obs_lo'][-1]:.3f}, {h['R_obs_hi'][-1]:.3f}], did not hold it")
         lines.append(f"Observed final reward {h['final_reward']:.3f} at {h['final_compute']:.4g}: {held}.")
     if summary.get("forecast_baseline"):
         b = summary["forecast_baseline"]

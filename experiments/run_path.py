@@ -165,7 +165,8 @@ def checkpoint_steps_on_disk(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in ck.iterdir() if p.is_dir() and p.name.isdigit()) if ck.is_dir() else []
 
 
-RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "summary.json", "report.md", "fit", "weights")
+RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "summary.json", "report.md", "fit", "weights",
+               "forecast.log")
 
 
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, log=print) -> None:
@@ -386,7 +387,7 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
 
 def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Generators | None = None,
                   base_dir: Path | None = None, resume: bool = False, score=None, log=print, channel=None,
-                  on_batch=None):
+                  on_batch=None, forecast=None):
     """An RLTrainer for ``plan`` over ``data``, tokenised by ``tok``, generating with ``generators`` (built here
     from ``plan.exp.rollout`` when None). ``params``: the base weights, an HF checkpoint directory (the trainer
     reads each process's shards from it) or a pytree of arrays."""
@@ -403,7 +404,7 @@ def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Genera
                      pad_id=tok.pad_id, eos_ids=tuple(tok.stop_ids), generator=gens.train, eval_generator=gens.eval,
                      length=length, seq_len=plan.seq_len, run_dir=run_dir, resume=resume,
                      bos_id=getattr(tok, "bos_id", None), reward_transform=reward_transform(exp),
-                     generator_devices=gens.devices, log=log, channel=channel, on_batch=on_batch)
+                     generator_devices=gens.devices, log=log, channel=channel, on_batch=on_batch, forecast=forecast)
 
 
 # ---- the end-to-end run ------------------------------------------------------------------------------------
@@ -467,14 +468,32 @@ def forecast_report(run_dir: Path, summary: dict, log=print) -> None:
 
 def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,
           overwrite: bool = False) -> dict[str, Any]:
-    from scalerl_jax.data.tokenizer import HFTokenizer
-    from scalerl_jax.models.hf_io import read_hf_config
-
     t_start = time.time()
     run_dir = Path(plan.exp.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_dir(run_dir, resume=resume, overwrite=overwrite, log=log)
     check_inputs(plan)
+    live = None
+    if plan.exp.forecast.enabled:
+        from scalerl_jax.scaling.live import LiveForecast
+
+        # started now, so that its start-up (JAX import, the sampler's compilation) overlaps the warm start and the
+        # model load instead of the first evals
+        live = LiveForecast(run_dir, plan.exp.forecast, total_steps=plan.exp.train.steps, seed=plan.exp.train.seed,
+                            log=log)
+    try:
+        return _train_and_report(plan, resume=resume, fit=fit, log=log, warm_dir=warm_dir, channel=channel,
+                                 t_start=t_start, run_dir=run_dir, live=live)
+    finally:
+        if live is not None:
+            live.close()
+
+
+def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,
+                      t_start: float, run_dir: Path, live) -> dict[str, Any]:
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from scalerl_jax.models.hf_io import read_hf_config
+
     base: BaseModel = prepare_base(plan, run_dir, warm_dir=warm_dir, resume=resume, log=log)
     # the architecture only: the trainer reads the weights itself, each process only its devices' blocks
     _, ckpt_cfg = read_hf_config(base.dir, param_dtype=plan.exp.model.param_dtype)
@@ -524,7 +543,7 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
         watch = (budgets.ThinkEndWatch(lc.think_end, functools.partial(tok.decode, skip_special_tokens=False), log=log)
                  if lc.kind == "interruption" else None)
         trainer = build_trainer(plan, base.dir, data, tok=tok, generators=gens, resume=resume, log=log,
-                                channel=channel, score=score, on_batch=watch)
+                                channel=channel, score=score, on_batch=watch, forecast=live)
         if watch is not None:
             watch.metrics = trainer.metrics
         failure: list[str] = []

@@ -467,9 +467,9 @@ class ForecastConfig:
     enabled: bool = True  # refit during the run (--no-forecast.enabled: only the fit at the end)
     min_evals: int = 5  # evals (the step-0 eval included) before the first refit
     compute_key: Literal["device_hours", "flops"] = "device_hours"  # the compute axis the refits use
-    num_samples: int = 500  # NUTS draws per chain of each refit
+    num_samples: int = 300  # NUTS draws per chain of each refit
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
-    num_warmup: int = 300  # NUTS adaptation steps of each refit (warm-started from the previous refit)
+    num_warmup: int = 200  # NUTS adaptation steps of each refit (warm-started from the previous refit)
     #: skip an eval's refit while the refits so far took more than this share of the run's wall time (the refit
     #: process runs at low priority on the CPU, never on the accelerators)
     max_share: float = 0.1

@@ -35,9 +35,24 @@ def target_compute(compute: float, step: int, total_steps: int) -> float:
     return float(compute) * max(int(total_steps), int(step)) / int(step)
 
 
-def _interval(x: np.ndarray) -> tuple[float, float, float]:
+def observed_interval(post: SigmoidPosterior, compute: float, n_prompts: float | None, k_samples: float | None,
+                      seed: int = 0) -> tuple[float, float]:
+    """The 90 % posterior predictive interval of one eval's measured reward at ``compute``: the mean curve's
+    uncertainty plus the eval's own noise, as the fit's likelihood models it (with eval counts: variance
+    max(mu (1 - mu), 1 / nk) / nk x dispersion; otherwise a Normal of sd sigma). A single eval is what a run ends
+    with, so this is the interval to hold its final value against."""
+    mu = post.curves([compute], max_samples=None)[:, 0]
+    rng = np.random.default_rng(seed)
+    if "dispersion" in post.samples and n_prompts and k_samples:
+        nk = float(n_prompts) * float(k_samples)
+        sd = np.sqrt(np.maximum(mu * (1.0 - mu), 1.0 / nk) / nk * post.samples["dispersion"])
+    elif "sigma" in post.samples:
+        sd = post.samples["sigma"]
+    else:
+        sd = np.zeros_like(mu)
+    obs = mu + sd * rng.standard_normal(mu.size)
     q = (1.0 - INTERVAL) / 2.0
-    return float(np.mean(x)), float(np.quantile(x, q)), float(np.quantile(x, 1.0 - q))
+    return float(np.quantile(obs, q)), float(np.quantile(obs, 1.0 - q))
 
 
 class Forecaster:
@@ -119,6 +134,9 @@ class Forecaster:
             row[f"{k}_mean"], row[f"{k}_lo"], row[f"{k}_hi"] = s[k]["mean"], s[k]["lo"], s[k]["hi"]
         m, lo, hi = post.predict([target], interval=INTERVAL)
         row.update(R_target_mean=float(m[0]), R_target_lo=float(lo[0]), R_target_hi=float(hi[0]))
+        n_last = None if curve.val_n is None else curve.val_n[-1]
+        k_last = None if curve.val_k is None else curve.val_k[-1]
+        row["R_obs_lo"], row["R_obs_hi"] = observed_interval(post, target, n_last, k_last, seed=self.seed)
         row.update(divergences=int(post.num_divergences), r_hat_max=max(post.r_hat.values(), default=float("nan")),
                    warm_start=warm, warnings=len(notes))
         base = self.baseline()
@@ -169,18 +187,21 @@ def stop_reason(row: dict, stop_if_worse: float | None, stop_min_evals: int) -> 
 
 def forecast_history(rows: list[dict], final_compute: float | None, final_reward: float | None) -> dict | None:
     """How the forecast moved: per row the compute, A's interval and the predicted final reward; and, given the
-    run's observed final reward, from which compute on every later forecast's 90 % interval held it. None without
-    forecast rows."""
+    run's observed final reward, from which compute on every later forecast's 90 % interval of the final eval's
+    measured value (``R_obs_lo`` / ``R_obs_hi``: the mean curve's interval widened by the eval's own noise; rows
+    without them: the mean curve's interval) held it. None without forecast rows."""
     rows = sorted((r for r in rows if r.get("kind") == "forecast"), key=lambda r: r["compute"])
     if not rows:
         return None
     out = {"n": len(rows), "compute": [r["compute"] for r in rows],
            **{k: [r[k] for r in rows] for k in ("A_mean", "A_lo", "A_hi", "R_target_mean", "R_target_lo",
                                                  "R_target_hi", "target_compute")},
+           "R_obs_lo": [r.get("R_obs_lo", r["R_target_lo"]) for r in rows],
+           "R_obs_hi": [r.get("R_obs_hi", r["R_target_hi"]) for r in rows],
            "final_compute": final_compute, "final_reward": final_reward, "held_from_compute": None,
            "held_from_fraction": None}
     if final_reward is not None and math.isfinite(final_reward):
-        held = [r["R_target_lo"] <= final_reward <= r["R_target_hi"] for r in rows]
+        held = [lo <= final_reward <= hi for lo, hi in zip(out["R_obs_lo"], out["R_obs_hi"], strict=True)]
         first = None
         for i in range(len(rows) - 1, -1, -1):  # the earliest row from which on every interval held the value
             if not held[i]:

@@ -174,7 +174,9 @@ class LiveForecast:
         return out
 
     def close(self) -> None:
-        """Stop the refit process (it exits when its stdin closes; killed after 10 s)."""
+        """Stop the refit process (it exits when its stdin closes; killed after 10 s). Safe to call again."""
+        if self._log_file.closed:
+            return
         try:
             if self.proc.stdin and not self.proc.stdin.closed:
                 self.proc.stdin.close()
@@ -205,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--compute-key", default="device_hours", choices=("device_hours", "flops"))
     ap.add_argument("--min-evals", type=int, default=5)
-    ap.add_argument("--num-samples", type=int, default=500)
+    ap.add_argument("--num-samples", type=int, default=300)
     ap.add_argument("--num-chains", type=int, default=4)
-    ap.add_argument("--num-warmup", type=int, default=300)
+    ap.add_argument("--num-warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--nice", type=int, default=10)

@@ -208,8 +208,10 @@ def plot_forecast(history: dict, compute_label: str = "compute"):
     ax.fill_between(c, history["A_lo"], history["A_hi"], color="C0", alpha=0.2, step="post",
                     label="ceiling A: 90 % interval")
     ax.plot(c, history["A_mean"], color="C0", lw=1.5, drawstyle="steps-post", label="A: posterior mean")
-    ax.fill_between(c, history["R_target_lo"], history["R_target_hi"], color="C2", alpha=0.25, step="post",
-                    label="predicted final reward: 90 % interval")
+    ax.fill_between(c, history["R_obs_lo"], history["R_obs_hi"], color="C2", alpha=0.12, step="post",
+                    label="final eval's measured value: 90 % interval")
+    ax.fill_between(c, history["R_target_lo"], history["R_target_hi"], color="C2", alpha=0.3, step="post",
+                    label="predicted final reward (mean curve): 90 % interval")
     ax.plot(c, history["R_target_mean"], color="C2", lw=1.5, drawstyle="steps-post", label="predicted final reward")
     if history.get("final_reward") is not None:
         ax.axhline(history["final_reward"], color="k", ls="--", lw=1, label="observed final reward")

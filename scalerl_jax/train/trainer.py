@@ -74,6 +74,7 @@ class RLTrainer:
         run_dir: str | Path, resume: bool = False, bos_id: int | None = None, reward_transform=None,
         n_devices: int | None = None, generator_devices: int = 0, log: Callable[[str], None] = print,
         on_batch: Callable[[int, RolloutBatch, Any, Any], None] | None = None, channel: Channel | None = None,
+        forecast=None,
     ) -> None:
         self.exp, self.log = exp, log
         # observation hook: on_batch(step, rollout_batch, train_batch, batch_stats) for every batch handed to the
@@ -119,7 +120,8 @@ class RLTrainer:
         self.metrics = MetricsWriter(self.run_dir, resume_offset=offset, wandb_project=exp.wandb_project,
                                      wandb_config=dataclasses.asdict(exp) if exp.wandb_project else None,
                                      run_name=self.run_dir.name)
-        self.forecast = None  # the live forecast (started by run())
+        # the live forecast (scalerl_jax.scaling.live.LiveForecast): started by the caller, or by run() when None
+        self.forecast = forecast
         self.stopped_early: str | None = None  # why --stop-if-worse ended the run
         self.version = int(self.state.step)
         self._push_weights()
@@ -274,10 +276,12 @@ class RLTrainer:
         fcfg = self.exp.forecast
         if not fcfg.enabled:
             return
-        from scalerl_jax.scaling.live import LiveForecast
+        if self.forecast is None:
+            from scalerl_jax.scaling.live import LiveForecast
 
-        self.forecast = LiveForecast(self.run_dir, fcfg, total_steps=self.tcfg.steps, seed=self.tcfg.seed,
-                                     log=self.log)
+            self.forecast = LiveForecast(self.run_dir, fcfg, total_steps=self.tcfg.steps, seed=self.tcfg.seed,
+                                         log=self.log)
+        self.forecast.t0 = time.monotonic()  # its time budget is a share of the RL loop's wall time
         self.log(f"[forecast] refitting the law after each eval from the {fcfg.min_evals}th on, in process "
                  f"{self.forecast.proc.pid} (low priority, CPU)" + (f"; baseline {fcfg.baseline}" if fcfg.baseline
                                                                     else ""))

@@ -20,8 +20,8 @@ import pytest
 from scalerl_jax.models import init_params, tiny
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from tests.test_engine import PAD_T, _mixed_cache_logp, _np_params
-from tests.test_server import _forward, assert_greedy_against_model, kill, start_server, wait_healthy
+from tests.engine_refs import PAD_T, mixed_cache_logp, np_params
+from tests.servers import assert_greedy_against_model, forward_jit, kill, start_server, stats, wait_healthy, wait_until
 
 
 def _greedy(prompt, max_new, rid=""):
@@ -33,7 +33,7 @@ def _model_logp(params, cfg, prompt, out_ids, temperature=1.0):
     seq = list(prompt) + list(out_ids)
     toks = np.zeros((1, cfg.max_seq_len), np.int32)
     toks[0, : len(seq)] = seq
-    logits = np.asarray(_forward(jax.tree.map(jnp.asarray, params), jnp.asarray(toks), cfg))[0]
+    logits = np.asarray(forward_jit(jax.tree.map(jnp.asarray, params), jnp.asarray(toks), cfg))[0]
     logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits) / temperature, axis=-1))
     return logp[len(prompt) - 1: len(prompt) - 1 + len(out_ids)]
 
@@ -115,7 +115,7 @@ def test_weight_swap_with_rows_mid_flight_and_admitted_after(model):
     then: A has 2 chunks of old tokens, B one, C none; every token is the argmax of the params of its version
     over the KV cache the engine really had (old params fill it before the swap, new ones after)."""
     cfg, _ = model
-    old, new = _np_params(cfg, 0), _np_params(cfg, 1)
+    old, new = np_params(cfg, 0), np_params(cfg, 1)
     C = 4
     eng = JaxEngine(cfg, old, max_batch=8, max_len=PAD_T, decode_chunk=C, version=3)
     reqs = {"A": _greedy([2, 3, 12, 4, 14], 14, "A"), "B": _greedy([9, 9, 13], 14, "B"),
@@ -143,7 +143,7 @@ def test_weight_swap_with_rows_mid_flight_and_admitted_after(model):
         tokens = np.zeros(2 * PAD_T, np.int32)
         tokens[: P + n_new] = req.prompt_ids + comp.token_ids
         cut = P - 1 + m  # positions < cut were fed through the old params
-        logp_old, logp_new = _mixed_cache_logp(old, new, jnp.asarray(tokens), cut, 1.0, cfg=cfg, new_len=16)
+        logp_old, logp_new = mixed_cache_logp(old, new, jnp.asarray(tokens), cut, 1.0, cfg=cfg, new_len=16)
         ref = np.concatenate([np.asarray(logp_old)[P - 1: cut], np.asarray(logp_new)[: n_new - m]])
         tok = np.asarray(comp.token_ids)
         assert (ref[np.arange(n_new), tok] >= ref.max(axis=1) - 1e-4).all(), comp.request_id
@@ -235,11 +235,11 @@ def _post(url, body, out, key):
 
 
 def _wait_running(url, rows=1, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while (s := httpx.get(url + "/stats").json())["running_rows"] < rows or s["decode_chunks"] < 1:
-        assert time.monotonic() < deadline, s
-        time.sleep(0.01)
-    return s
+    def running():
+        s = stats(url)
+        return s if s["running_rows"] >= rows and s["decode_chunks"] >= 1 else None
+
+    return wait_until(running, timeout_s, lambda: stats(url), 0.01)
 
 
 def _body(prompt, max_new):

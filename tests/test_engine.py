@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from scalerl_jax.losses.logprobs import token_logprobs
-from scalerl_jax.models import forward_cached, forward_hidden, head_weight, init_cache, lm_logits, param_shapes, presets
+from scalerl_jax.models import forward_hidden, head_weight, presets
 from scalerl_jax.models.hf_io import save_hf_checkpoint
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, Generator, SamplingParams
+from tests.engine_refs import PAD_T, mixed_cache_logp, np_params
 from tests.hf_models import make_hf_llama
 
 
@@ -43,24 +44,10 @@ def test_greedy_matches_hf_generate(tmp_path):
         assert c.truncated == (ref[-1] != 2)
 
 
-def _np_params(cfg, seed, std=0.1):
-    """Random params built with NumPy (no per-op JAX compiles): N(0, std) matrices, unit norms."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(name, shape):
-        return np.ones(shape, np.float32) if "norm" in name else std * rng.standard_normal(shape).astype(np.float32)
-
-    return {k: ({kk: leaf(kk, vv) for kk, vv in v.items()} if isinstance(v, dict) else leaf(k, v))
-            for k, v in param_shapes(cfg).items()}
-
-
 @pytest.fixture(scope="module")
 def tiny():
     cfg = presets.tiny()
-    return cfg, _np_params(cfg, 0), _np_params(cfg, 1)
-
-
-PAD_T = 32  # reference passes run on sequences right-padded to PAD_T (causal: padding never changes them)
+    return cfg, np_params(cfg, 0), np_params(cfg, 1)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
@@ -99,20 +86,6 @@ def test_sampled_logprobs_equal_trainer_recomputation(tiny):
                 assert c.finish_reason == "length" and c.truncated and len(c.token_ids) == 20
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "new_len"))
-def _mixed_cache_logp(old, new, tokens_T, cut, temperature, *, cfg, new_len):
-    """Hand-built in-flight-update reference: the old params fill the KV cache for positions < ``cut`` (and, as
-    padding, beyond it); the new params then run positions cut..cut+new_len-1 over that cache, overwriting
-    their own slots before any query can see them. Returns log-softmax(logits / T) of both passes."""
-    cache = init_cache(cfg, 1, tokens_T.shape[0])
-    h_old, cache = forward_cached(old, tokens_T[None, :PAD_T], jnp.arange(PAD_T)[None], cache, cfg)
-    seg = jax.lax.dynamic_slice(tokens_T, (cut,), (new_len,))
-    h_new, _ = forward_cached(new, seg[None], (cut + jnp.arange(new_len))[None], cache, cfg)
-    logp_old = jax.nn.log_softmax(lm_logits(old, h_old[0], cfg) / temperature, -1)
-    logp_new = jax.nn.log_softmax(lm_logits(new, h_new[0], cfg) / temperature, -1)
-    return logp_old, logp_new
-
-
 def test_weight_swap_mid_generation_keeps_old_cache(tiny):
     cfg, old, new = tiny
     C, swap_after, n_new, temp = 4, 2, 14, 0.8
@@ -129,7 +102,7 @@ def test_weight_swap_mid_generation_keeps_old_cache(tiny):
             P, cut = len(p), len(p) - 1 + m  # positions < cut were fed through the old weights
             tokens = np.zeros(2 * PAD_T, np.int32)
             tokens[: P + n_new] = p + c.token_ids
-            logp_old, logp_new = _mixed_cache_logp(old, new, jnp.asarray(tokens), cut, temp, cfg=cfg, new_len=16)
+            logp_old, logp_new = mixed_cache_logp(old, new, jnp.asarray(tokens), cut, temp, cfg=cfg, new_len=16)
             tok = np.asarray(c.token_ids)
             # completion token j is predicted at position P-1+j: by the old pass for j < m, else the new pass
             ref_old = np.asarray(logp_old)[np.arange(P - 1, cut), tok[:m]]
@@ -171,4 +144,4 @@ def test_bad_requests_raise(tiny):
             eng.generate([GenerationRequest(prompt_ids=[3], params=SamplingParams(max_new_tokens=2)),
                           GenerationRequest(prompt_ids=prompt, params=sp)])
     with pytest.raises(ValueError, match="shape"):
-        eng.update_weights(_np_params(dataclasses.replace(cfg, d_model=64), 0), 1)
+        eng.update_weights(np_params(dataclasses.replace(cfg, d_model=64), 0), 1)

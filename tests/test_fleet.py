@@ -24,21 +24,13 @@ import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fa
 from scalerl_jax.rollout.fleet import FleetError, LocalFleet
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from tests.test_server import kill_once_generating, save_random_checkpoint
+from tests.servers import checkpoint_pair, kill_once_generating, prompts, stats, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 # the suite's shared compilation cache (tests/conftest.py): restarted servers load their executables
 XLA_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
     tempfile.gettempdir(), "scalerl_jax_test_fleet_xla_cache")
 SERVER_ARGS = ("--debug-chunk-delay-ms", "15")  # slow decoding a little, so that a kill lands mid-batch
-
-
-def _prompts(k: int) -> list[list[int]]:
-    return [[2 + (i % 10), 12, 2 + (i // 10) % 10, 13, 2 + (i * 7) % 10, 14] for i in range(k)]
-
-
-def _stats(url: str) -> dict:
-    return httpx.get(url + "/stats", timeout=5, trust_env=False).json()
 
 
 def _group_members(pgids) -> list[tuple[int, str]]:
@@ -68,8 +60,7 @@ def _wait_groups_gone(pgids, timeout_s: float) -> float:
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fleet_ckpts")
-    return save_random_checkpoint(d / "a", 3), save_random_checkpoint(d / "b", 4)
+    return checkpoint_pair(tmp_path_factory, "fleet_ckpts", 3, 4)
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +90,14 @@ def test_router_fleet_serves_through_both_workers(fleet):
     infos = [httpx.get(u + "/get_server_info", timeout=5, trust_env=False).json() for u in fleet.worker_urls]
     assert all(i["weight_version"] == "0" and i["max_batch"] == 8 for i in infos)
 
-    before = [_stats(u)["generate_requests"] for u in fleet.worker_urls]
+    before = [stats(u)["generate_requests"] for u in fleet.worker_urls]
     with httpx.Client(trust_env=False, timeout=120) as http:
-        for p in _prompts(6):
+        for p in prompts(6):
             r = http.post(fleet.url + "/generate", json={"input_ids": p, "sampling_params": {
                 "temperature": 0, "max_new_tokens": 8}})
             assert r.status_code == 200, r.text
             assert len(r.json()["output_ids"]) >= 1
-    counts = [_stats(u)["generate_requests"] - b for u, b in zip(fleet.worker_urls, before)]
+    counts = [stats(u)["generate_requests"] - b for u, b in zip(fleet.worker_urls, before)]
     assert min(counts) >= 1 and sum(counts) == 6, counts
 
 
@@ -115,13 +106,13 @@ def test_killed_server_is_restarted_with_current_weights(fleet, ckpts):
     victim_url = fleet.worker_urls[1]
     victim_pid = fleet.pids["server 1"]
     restarts = fleet.restarts
-    start = _stats(victim_url)["generate_requests"]
+    start = stats(victim_url)["generate_requests"]
 
     killer = kill_once_generating(victim_url, lambda: os.killpg(victim_pid, signal.SIGKILL), start)
 
     # the run goes on through the kill: every prompt completes exactly once
     reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=20), request_id=f"k{i}")
-            for i, p in enumerate(_prompts(16))]
+            for i, p in enumerate(prompts(16))]
     t = threading.Thread(target=killer)
     with SGLangGenerator(fleet.url, timeout_s=60, max_retries=8, backoff_s=0.2, concurrency=8) as gen:
         t.start()
@@ -151,24 +142,17 @@ def test_killed_server_is_restarted_with_current_weights(fleet, ckpts):
     assert "server 0" in fleet.pids and len(fleet.pids) == 3
     # and it serves again through the router
     with httpx.Client(trust_env=False, timeout=120) as http:
-        for p in _prompts(4):
+        for p in prompts(4):
             r = http.post(fleet.url + "/generate", json={"input_ids": p, "sampling_params": {"max_new_tokens": 4}})
             assert r.status_code == 200, r.text
-    assert _stats(victim_url)["generate_requests"] >= 1
-
-
-def _wait_for(cond, timeout_s: float, what):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.1)
+    assert stats(victim_url)["generate_requests"] >= 1
 
 
 def test_weights_set_during_a_restart_reach_the_restarted_server(fleet, ckpts):
     old_pid = fleet.pids["server 1"]
     os.killpg(old_pid, signal.SIGKILL)
     # respawned with v7; newer weights arrive while it is still loading
-    _wait_for(lambda: fleet.pids.get("server 1", old_pid) != old_pid, 30, lambda: fleet.lines[-3:])
+    wait_until(lambda: fleet.pids.get("server 1", old_pid) != old_pid, 30, lambda: fleet.lines[-3:])
     fleet.set_current_weights(ckpts[0], 9)
     url = fleet.worker_urls[1]
 
@@ -178,7 +162,7 @@ def test_weights_set_during_a_restart_reach_the_restarted_server(fleet, ckpts):
         except httpx.HTTPError:
             return None
 
-    _wait_for(lambda: version() == "9", 90, lambda: (version(), fleet.lines[-3:]))
+    wait_until(lambda: version() == "9", 90, lambda: (version(), fleet.lines[-3:]))
     assert any("server 1" in m and "is back" in m and "with weights v9" in m for m in fleet.lines)
 
 
@@ -187,10 +171,10 @@ def test_router_whose_guard_dies_is_replaced_without_an_orphan(fleet):
     router_procs = [pid for pid, _ in _group_members([guard]) if pid != guard]
     assert len(router_procs) == 1
     os.kill(guard, signal.SIGKILL)  # the guard only: its router would be orphaned
-    _wait_for(lambda: fleet.pids.get("router", guard) != guard and fleet.router_restarts == 1, 30,
+    wait_until(lambda: fleet.pids.get("router", guard) != guard and fleet.router_restarts == 1, 30,
               lambda: fleet.lines[-3:])
     _wait_groups_gone([guard], timeout_s=10)  # the old router is gone, so the new one could bind the port
-    _wait_for(lambda: len(ws := fleet.router_workers()) == 2 and all(w["is_healthy"] for w in ws), 60,
+    wait_until(lambda: len(ws := fleet.router_workers()) == 2 and all(w["is_healthy"] for w in ws), 60,
               lambda: fleet.router_workers())
     r = httpx.post(fleet.url + "/generate", json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}},
                    timeout=60, trust_env=False)

@@ -20,21 +20,18 @@ import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fa
 from scalerl_jax.models import init_params, tiny
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from tests.test_server import (
+from tests.servers import (
     assert_greedy_against_model,
     free_port,
     kill,
     kill_once_generating,
+    prompts,
     save_random_checkpoint,
     start_server,
     wait_healthy,
 )
 
 INIT_SEED = 3
-
-
-def _prompts(k: int) -> list[list[int]]:
-    return [[2 + (i % 10), 12, 2 + (i // 10) % 10, 13, 2 + (i * 7) % 10, 14] for i in range(k)]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +98,7 @@ def test_interruption_happens_through_the_router(fleet):
     lc = LengthControl(think_end_ids=(16, 16, 16, 16), interruption_ids=(15, 16), budget_lo=2, budget_hi=3,
                        answer_budget=3)
     reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=16), request_id=f"t{i}")
-            for i, p in enumerate(_prompts(3))]
+            for i, p in enumerate(prompts(3))]
     before = sum(_stats(u)["generate_requests"] for _, u in workers)
     with SGLangGenerator(rurl, timeout_s=60, length=lc, server_length_control=True, concurrency=3) as gen:
         results = gen.generate(reqs)
@@ -126,7 +123,7 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
     sp = SamplingParams(temperature=0.0, max_new_tokens=16)
 
     # 1) spreading: 8 requests through the router reach both workers, each exactly once
-    reqs = [GenerationRequest(p, sp, request_id=f"a{i}") for i, p in enumerate(_prompts(8))]
+    reqs = [GenerationRequest(p, sp, request_id=f"a{i}") for i, p in enumerate(prompts(8))]
     with SGLangGenerator(rurl, timeout_s=60, max_retries=4, backoff_s=0.2, concurrency=4) as gen:
         before = [_stats(u)["generate_requests"] for _, u in workers]
         results = gen.generate(reqs)
@@ -142,7 +139,7 @@ def test_router_spreads_then_survives_a_killed_worker(fleet):
 
     # 2) kill worker 1 while it is generating; every prompt still completes exactly once
     reqs = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=24), request_id=f"b{i}")
-            for i, p in enumerate(_prompts(24))]
+            for i, p in enumerate(prompts(24))]
     victim_proc, victim_url = workers[1]
     start = _stats(victim_url)["generate_requests"]
 

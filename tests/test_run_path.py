@@ -17,7 +17,7 @@ from scalerl_jax.data.tokenizer import HFTokenizer
 from scalerl_jax.data.tokenizer_build import save_char_tokenizer, train_bpe_tokenizer
 from scalerl_jax.models import init_params, load_hf_checkpoint, save_hf_checkpoint, tiny
 from tests.conftest import DATA, ROOT
-from tests.test_server import free_port
+from tests.servers import free_port
 
 R = dataclasses.replace
 

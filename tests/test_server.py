@@ -7,139 +7,20 @@ outputs against the in-process engine built from the same checkpoint file.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import httpx
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalerl_jax.models import forward, init_params, load_hf_checkpoint, save_hf_checkpoint, tiny
+from scalerl_jax.models import load_hf_checkpoint
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+from tests.servers import ROOT, assert_greedy_against_model, checkpoint_pair, kill, post, start_server, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[1]
-# the suite's shared compilation cache (tests/conftest.py sets it before this module is imported)
-JAX_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
-    tempfile.gettempdir(), "scalerl_jax_test_server_xla_cache")
 PROMPTS = [[3, 12, 4, 13, 5, 14], [11, 10, 12, 2, 14], [7, 7, 13, 9, 14], [4, 14]]  # <= 9 tokens: one shape bucket
-
-
-# ---- helpers shared with test_router.py and test_sglang_client.py ----------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 90.0, path: str = "/health"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}:\n{_tail(proc)}")
-        try:
-            if httpx.get(url + path, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url}{path} not healthy after {timeout_s}s:\n{_tail(proc) if proc else ''}")
-
-
-def _tail(proc: subprocess.Popen) -> str:
-    log = getattr(proc, "log_path", None)
-    return Path(log).read_text()[-3000:] if log and Path(log).exists() else ""
-
-
-def start_server(tmp: Path, *args: str, name: str = "server") -> tuple[subprocess.Popen, str]:
-    """``python -m scalerl_jax.serve ARGS`` on a free loopback port (not yet waited for)."""
-    port = free_port()
-    log_path = tmp / f"{name}-{port}.log"
-    # the servers compile the same shapes: share XLA executables between them through JAX's persistent cache
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": JAX_CACHE,
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    with open(log_path, "w") as log_f:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scalerl_jax.serve", *args, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
-        )
-    proc.log_path = log_path  # type: ignore[attr-defined]
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def kill(proc: subprocess.Popen) -> None:
-    """Kill the process group we started (server or router) and reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
-
-
-def kill_once_generating(url: str, kill_fn, start: int, delay_s: float = 0.05):
-    """A thread target: wait (up to 30 s) until the server at ``url`` has taken more than ``start`` /generate
-    requests, then ``delay_s`` more (mid-generation), then ``kill_fn()``."""
-
-    def run() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/stats", timeout=5, trust_env=False).json()["generate_requests"] > start:
-                    break
-            except httpx.HTTPError:
-                break
-            time.sleep(0.01)
-        time.sleep(delay_s)
-        kill_fn()
-
-    return run
-
-
-def reply_json(handler, code: int, payload) -> None:
-    """Answer a ``BaseHTTPRequestHandler`` request with ``payload`` (bytes, or an object sent as JSON)."""
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    handler.send_response(code)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
-def save_random_checkpoint(path: Path, seed: int) -> Path:
-    save_hf_checkpoint(init_params(tiny(), jax.random.PRNGKey(seed)), tiny(), path)
-    return path
-
-
-_forward = jax.jit(forward, static_argnums=2)
-
-
-def assert_greedy_against_model(params, cfg, prompt: list[int], out_ids: list[int], out_lps: list[float]) -> None:
-    """Each output token is an argmax of the teacher-forced logits, with the matching log-prob.
-
-    The sequence is right-padded to ``cfg.max_seq_len`` (causal: padding cannot change earlier positions) so
-    that one compiled forward serves every call.
-    """
-    seq = prompt + out_ids
-    toks = np.zeros((1, cfg.max_seq_len), np.int32)
-    toks[0, : len(seq)] = seq
-    logits = np.asarray(_forward(jax.tree.map(jnp.asarray, params), jnp.asarray(toks), cfg))[0]
-    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
-    for k, (t, lp) in enumerate(zip(out_ids, out_lps)):
-        row = logp[len(prompt) - 1 + k]
-        assert row[t] >= row.max() - 1e-4, f"token {k}: {t} is not the argmax {row.argmax()}"
-        assert abs(row[t] - lp) < 1e-4, f"token {k}: logprob {lp} vs model {row[t]}"
 
 
 # ---- fixtures ----------------------------------------------------------------------------------------------
@@ -147,8 +28,7 @@ def assert_greedy_against_model(params, cfg, prompt: list[int], out_ids: list[in
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpts")
-    return save_random_checkpoint(d / "a", 1), save_random_checkpoint(d / "b", 2)
+    return checkpoint_pair(tmp_path_factory, "ckpts", 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +43,7 @@ def server(ckpts, tmp_path_factory):
 
 
 def _generate(url: str, body: dict, status: int = 200):
-    r = httpx.post(url + "/generate", json=body, timeout=120.0)
-    assert r.status_code == status, r.text
-    return r.json()
+    return post(url, "/generate", body, status).json()
 
 
 # ---- tests -------------------------------------------------------------------------------------------------

@@ -17,10 +17,8 @@ Two kinds of test:
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import jax
@@ -30,13 +28,15 @@ from scalerl_jax.models import init_params, load_hf_checkpoint, tiny
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
 from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from scalerl_jax.rollout.sglang_wire import ServerCaps, devices_from_server_info, generate_payload, parse_release
-from tests.test_server import (
+from tests.servers import (
+    ReleaseProxy,
     assert_greedy_against_model,
+    checkpoint_pair,
     kill,
-    reply_json,
-    save_random_checkpoint,
+    post,
     start_server,
     wait_healthy,
+    wait_until,
 )
 
 # ---- transcribed from SGLang ----------------------------------------------------------------------------------
@@ -209,8 +209,7 @@ def test_devices_from_server_info():
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """Checkpoint A (the servers' initial random weights, seed INIT_SEED) and B (another seed)."""
-    tmp = tmp_path_factory.mktemp("fields_ckpts")
-    return save_random_checkpoint(tmp / "a", INIT_SEED), save_random_checkpoint(tmp / "b", INIT_SEED + 1)
+    return checkpoint_pair(tmp_path_factory, "fields_ckpts", INIT_SEED, INIT_SEED + 1)
 
 
 def _server(tmp_path_factory, name: str, delay_ms: int):
@@ -240,17 +239,11 @@ def params_a():
     return init_params(tiny(), jax.random.PRNGKey(INIT_SEED))
 
 
-def _post(url: str, route: str, body, status: int = 200):
-    r = httpx.post(url + route, json=body, timeout=120.0)
-    assert r.status_code == status, (route, body, r.text)
-    return r
-
-
 def test_generate_response_fields(srv, params_a):
     url, _ = srv
     cfg = tiny()
     prompt = [3, 12, 4, 13]
-    out = _post(url, "/generate", {"input_ids": prompt, "rid": "f1", "return_logprob": True,
+    out = post(url, "/generate", {"input_ids": prompt, "rid": "f1", "return_logprob": True,
                                    "sampling_params": {"temperature": 0, "max_new_tokens": 6}}).json()
     assert isinstance(out, dict) and {"text", "output_ids", "meta_info"} <= set(out)
     meta = out["meta_info"]
@@ -271,7 +264,7 @@ def test_generate_response_fields(srv, params_a):
     assert spans[-1]["end"] == len(ids) and all(a["end"] == b["start"] for a, b in itertools.pairwise(spans))
 
     # a batch with a string rid: one rid per prompt; with n, a prompt-major list
-    outs = _post(url, "/generate", {"input_ids": [prompt, [5, 6]], "rid": "b", "return_text_in_logprobs": True,
+    outs = post(url, "/generate", {"input_ids": [prompt, [5, 6]], "rid": "b", "return_text_in_logprobs": True,
                                     "return_logprob": True, "sampling_params": {"max_new_tokens": 2, "n": 2,
                                                                                 "ignore_eos": True}}).json()
     assert [o["meta_info"]["prompt_tokens"] for o in outs] == [4, 4, 2, 2]
@@ -283,10 +276,10 @@ def test_generate_response_fields(srv, params_a):
     # what the router adds to every request is accepted; prompt_token_ids on request (0.5.23)
     body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}, "return_prompt_token_ids": True,
             **ROUTER_ADDED_TOP_LEVEL}
-    assert _post(url, "/generate", body).json()["prompt_token_ids"] == prompt
+    assert post(url, "/generate", body).json()["prompt_token_ids"] == prompt
 
     # errors come in SGLang's native shape
-    err = _post(url, "/generate", {"input_ids": []}, 400).json()
+    err = post(url, "/generate", {"input_ids": []}, 400).json()
     assert ERROR_BODY <= set(err) and err["error"]["message"]
 
 
@@ -294,39 +287,39 @@ def test_every_sglang_sampling_field_is_accepted_and_unknown_ones_are_refused(sr
     url, _ = srv
     for defaults in (SAMPLING_053, SAMPLING_0523):
         sp = {**defaults, "max_new_tokens": 3, "ignore_eos": True}
-        out = _post(url, "/generate", {"input_ids": [3, 4], "sampling_params": sp, "return_logprob": True}).json()
+        out = post(url, "/generate", {"input_ids": [3, 4], "sampling_params": sp, "return_logprob": True}).json()
         assert out["meta_info"]["completion_tokens"] == 3
-    r = _post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "bogus": 1}}, 400)
+    r = post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 1, "bogus": 1}}, 400)
     assert "unknown field `bogus`" in r.json()["error"]["message"]
     # values the engine cannot honour are refused, not silently ignored
     for sp in ({"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.2}, {"stop": ["#"]}, {"min_new_tokens": 2},
                {"regex": "a+"}, {"logit_bias": {"3": 1.0}}):
-        r = _post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 4, **sp}}, 400)
+        r = post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 4, **sp}}, 400)
         assert "not supported" in r.json()["error"]["message"], sp
     for top in ({"top_logprobs_num": 2, "return_logprob": True}, {"lora_path": "x"}, {"return_hidden_states": True}):
-        _post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 1}, **top}, 400)
+        post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 1}, **top}, 400)
 
 
 def test_sampling_defaults_and_eos_semantics(srv, params_a):
     url, _ = srv
     cfg = tiny()
     # max_new_tokens defaults to 128, which the tiny server's 64-token sequences cannot hold
-    r = _post(url, "/generate", {"input_ids": [3, 4]}, 400)
+    r = post(url, "/generate", {"input_ids": [3, 4]}, 400)
     assert "max_new_tokens 128" in r.json()["error"]["message"]
     # null: up to the end of the sequence (SGLang's scheduler caps it at the context length)
-    out = _post(url, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": None,
+    out = post(url, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": None,
                                                                            "ignore_eos": True}}).json()
     assert out["meta_info"]["completion_tokens"] == cfg.max_seq_len - 2
     # the model's EOS stops generation unless ignore_eos, which also disables stop_token_ids (SGLang's
     # Req.check_finished); the reference is a teacher-forced greedy pass
     prompt = [9, 12, 2, 14]
-    free = _post(url, "/generate", {"input_ids": prompt, "return_logprob": True, "sampling_params": {
+    free = post(url, "/generate", {"input_ids": prompt, "return_logprob": True, "sampling_params": {
         "temperature": 0, "max_new_tokens": 40, "ignore_eos": True, "stop_token_ids": [5]}}).json()
     ids = free["output_ids"]
     assert len(ids) == 40 and free["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
     assert_greedy_against_model(params_a, cfg, prompt, ids, [t[0] for t in free["meta_info"]["output_token_logprobs"]])
     eos = cfg.eos_token_id
-    stopped = _post(url, "/generate", {"input_ids": prompt, "sampling_params": {
+    stopped = post(url, "/generate", {"input_ids": prompt, "sampling_params": {
         "temperature": 0, "max_new_tokens": 40, "stop_token_ids": [5]}}).json()
     first = next((i for i, t in enumerate(ids) if t in (eos, 5)), None)
     if first is None:
@@ -350,123 +343,38 @@ def test_control_routes_fields(srv, ckpts):
         r = httpx.request(method, url + "/flush_cache")
         assert r.status_code == 200 and r.text.startswith("Cache flushed")
     assert set(httpx.get(url + "/get_load").json()[0]) >= GET_LOAD
-    assert _post(url, "/abort_request", dict.fromkeys(ABORT_REQ, None) | {"rid": "", "abort_all": True}).text == ""
+    assert post(url, "/abort_request", dict.fromkeys(ABORT_REQ, None) | {"rid": "", "abort_all": True}).text == ""
     for mode in PAUSE_MODES:
-        assert PAUSE_RESPONSE <= set(_post(url, "/pause_generation", {"mode": mode}).json())
-        assert PAUSE_RESPONSE <= set(_post(url, "/continue_generation", dict.fromkeys(CONTINUE_REQ, True)).json())
+        assert PAUSE_RESPONSE <= set(post(url, "/pause_generation", {"mode": mode}).json())
+        assert PAUSE_RESPONSE <= set(post(url, "/continue_generation", dict.fromkeys(CONTINUE_REQ, True)).json())
 
     # every field of UpdateWeightFromDiskReqInput (0.5.23) is accepted; weight_version is any string
     body = {"rid": None, "model_path": str(ckpt_b), "load_format": None, "abort_all_requests": False,
             "weight_version": "step-B", "is_async": False, "torch_empty_cache": False, "keep_pause": False,
             "recapture_cuda_graph": False, "token_step": 0, "flush_cache": True, "manifest": None}
     assert set(body) == UPDATE_0523
-    res = _post(url, "/update_weights_from_disk", body).json()
+    res = post(url, "/update_weights_from_disk", body).json()
     assert set(res) == UPDATE_RESPONSE and res["success"] is True and "step-B" in res["message"]
     assert httpx.get(url + "/get_model_info").json()["weight_version"] == "step-B"
     assert httpx.get(url + "/get_model_info").json()["model_path"] == str(ckpt_b)  # SGLang reports the new path
-    out = _post(url, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    out = post(url, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
     meta = out.json()["meta_info"]
     assert meta["weight_version"] == "step-B" and meta["weight_versions"] == [{"version": "step-B", "start": 0,
                                                                                 "end": 3}]
     v = meta["output_token_versions"]
     assert len(set(v)) == 1 and v[0] >= 1  # an integer version internally, newer than the initial 0
-    res = _post(url, "/update_weights_from_disk", {"model_path": str(ckpt_b), "weight_version": "12"}).json()
+    res = post(url, "/update_weights_from_disk", {"model_path": str(ckpt_b), "weight_version": "12"}).json()
     assert res["success"] is True
-    meta = _post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 2,
+    meta = post(url, "/generate", {"input_ids": [3], "sampling_params": {"max_new_tokens": 2,
                                                                           "ignore_eos": True}}).json()["meta_info"]
     assert meta["output_token_versions"] == [12, 12] and meta["weight_version"] == "12"
-    bad = _post(url, "/update_weights_from_disk", {"model_path": "/nonexistent"}, 400).json()
+    bad = post(url, "/update_weights_from_disk", {"model_path": "/nonexistent"}, 400).json()
     assert set(bad) == UPDATE_RESPONSE and bad["success"] is False
     # back to weights A, version "0", for the tests below
-    assert _post(url, "/update_weights_from_disk", {"model_path": str(ckpt_a), "weight_version": "0"}).json()["success"]
+    assert post(url, "/update_weights_from_disk", {"model_path": str(ckpt_a), "weight_version": "0"}).json()["success"]
 
 
 # ---- our client against the response shapes of real releases ---------------------------------------------------
-
-_EXTENSION_META = ("output_token_versions", "output_token_injected", "think_budget", "truncated",
-                   "scalerl_finish_reason")
-
-
-class ReleaseProxy:
-    """Our real server as an SGLang ``release`` shows itself: ``version`` in ``/get_server_info``, no extensions;
-    before 0.5.6 ``/pause_generation`` takes no mode (it aborts in-flight requests); ``output_ids`` absent before
-    0.5 and prefixed with prompt tokens in 0.5.3 (the detokenizer's ``decode_ids``); ``weight_versions`` only from
-    0.5.19; no ``weight_version`` before 0.5.3. Unknown top-level request fields are ignored, as SGLang does."""
-
-    def __init__(self, upstream: str, release: str):
-        self.upstream, self.release = upstream, release
-        self.rel = parse_release(release)
-        self.bodies: dict[str, list] = {}
-        self.raw: list = []  # upstream /generate answers, before rewriting
-        self.lock = threading.Lock()
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                r = httpx.get(proxy.upstream + self.path, timeout=60)
-                self._send(r.status_code, proxy.rewrite_get(self.path, r))
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = json.loads(raw) if raw else {}
-                with proxy.lock:
-                    proxy.bodies.setdefault(self.path, []).append(body)
-                body = proxy.rewrite_request(self.path, body)
-                r = httpx.post(proxy.upstream + self.path, json=body, timeout=120)
-                self._send(r.status_code, proxy.rewrite_post(self.path, body, r))
-
-            def _send(self, code, payload):
-                reply_json(self, code, payload)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def rewrite_get(self, path, r):
-        if r.status_code != 200 or not r.headers.get("content-type", "").startswith("application/json"):
-            return r.content
-        out = r.json()
-        if isinstance(out, dict):
-            out.pop("scalerl_extensions", None)
-            out.pop("device_count", None)
-            if "server_info" in path:
-                out["version"] = self.release
-        return out
-
-    def rewrite_request(self, path, body):
-        if path == "/generate":
-            body = {k: v for k, v in body.items() if k != "length_control"}
-        if path == "/pause_generation" and self.rel < (0, 5, 6):
-            body = {}  # no mode: the default, abort
-        return body
-
-    def rewrite_post(self, path, body, r):
-        if path != "/generate" or r.status_code != 200:
-            return r.content
-        out = r.json()
-        with self.lock:
-            self.raw.append(json.loads(json.dumps(out)))
-        for o in out if isinstance(out, list) else [out]:
-            meta = o["meta_info"]
-            for k in _EXTENSION_META:
-                meta.pop(k, None)
-            if self.rel < (0, 5, 19):  # weight_versions: absent in 0.5.18, present in 0.5.19
-                meta.pop("weight_versions", None)
-            if self.rel < (0, 5, 3):
-                meta.pop("weight_version", None)
-            if self.rel < (0, 5, 0):
-                o.pop("output_ids", None)
-            elif self.rel < (0, 5, 5):
-                o["output_ids"] = body["input_ids"][-3:] + o["output_ids"]
-        return out
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 @pytest.fixture
 def proxies(srv):
@@ -545,10 +453,7 @@ def _chunks(url: str) -> int:
 
 def _wait_generating(url: str, since: int, chunks: int = 2, timeout_s: float = 60.0) -> None:
     """Until the server has run ``chunks`` decode chunks since ``since`` (compilation included in the wait)."""
-    deadline = time.monotonic() + timeout_s
-    while _chunks(url) < since + chunks:
-        assert time.monotonic() < deadline, "the requests never started"
-        time.sleep(0.02)
+    wait_until(lambda: _chunks(url) >= since + chunks, timeout_s, "the requests never started", 0.02)
 
 
 def test_update_on_a_release_without_pause_modes_resends_aborted_requests(fresh_srv):

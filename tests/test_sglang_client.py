@@ -18,8 +18,7 @@ from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, Le
 from scalerl_jax.rollout.remote import RemoteGenerator
 from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, WeightVersionMismatch
 from scalerl_jax.rollout.sglang_wire import BadResponse, generate_payload, parse_sample
-from tests.test_server import free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
-from tests.test_sglang_api_fields import ReleaseProxy
+from tests.servers import ReleaseProxy, free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
 

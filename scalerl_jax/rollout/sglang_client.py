@@ -29,6 +29,7 @@ ids (flagged injected) and generate the answer from prompt + output (SGLang's pr
 cheap). The engine path is used only for a server (not a router) whose ``GET /get_model_info`` lists
 ``length_control`` in ``scalerl_extensions``; a response that comes back without our ``think_budget`` field switches
 that server to the client path and the request is redone there, so interruption never silently does not happen.
+Both paths decide by the same rule and draw budgets the same way (:mod:`scalerl_jax.rollout.length_rule`).
 
 Numbers for the trainer: :meth:`SGLangGenerator.stats_snapshot` (attempts, retries, failovers, re-sent aborted
 requests, and per server: requests, generated tokens, busy seconds and tokens per busy second) and

@@ -24,13 +24,13 @@ from scalerl_jax.scaling.forecast import Forecaster, forecast_history, stop_reas
 
 
 def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None, min_evals: int = 5,
-           stop_min_evals: int = 6, compute_key: str = "device_hours", **nuts) -> dict:
+           stop_min_evals: int = 6, confirmations: int = 2, compute_key: str = "device_hours", **nuts) -> dict:
     lines = [line for line in open(run_dir / "metrics.jsonl") if line.strip()]
     rows = [json.loads(line) for line in lines]
     evals = [i for i, r in enumerate(rows) if r.get("kind") == "eval" and r.get(compute_key) is not None]
     last = rows[evals[-1]]
     total_steps = int(last["step"])
-    forecasts, stop = [], None
+    forecasts, stop, votes = [], None, 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -41,7 +41,8 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
             (Path(tmp) / "metrics.jsonl").write_text("".join(lines[: i + 1]))
             row = fc.refit(total_steps=total_steps)
             forecasts.append(row)
-            if stop is None and stop_reason(row, stop_if_worse, stop_min_evals):
+            votes = votes + 1 if stop_reason(row, stop_if_worse, stop_min_evals) else 0
+            if stop is None and votes >= confirmations:  # as the trainer: this many consecutive forecasts agree
                 stop = row
     h = forecast_history(forecasts, last[compute_key], last["val_reward"])
     out = {"run": str(run_dir), "evals": len(evals), "forecasts": len(forecasts), "final_reward": last["val_reward"],
@@ -61,11 +62,12 @@ def main(argv=None) -> int:
     ap.add_argument("run_dirs", nargs="+", type=Path)
     ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--stop-if-worse", type=float, default=0.9)
+    ap.add_argument("--confirmations", type=int, default=2, help="consecutive forecasts the stop rule needs")
     ap.add_argument("--compute-key", default="device_hours", choices=("device_hours", "flops"))
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     results = [replay(d, baseline=a.baseline, stop_if_worse=a.stop_if_worse if a.baseline else None,
-                      compute_key=a.compute_key) for d in a.run_dirs]
+                      confirmations=a.confirmations, compute_key=a.compute_key) for d in a.run_dirs]
     print("| run | evals | forecasts | final reward | every interval held it from | last A [90 %] |"
           + (" stopped at step | compute saved | last P(A > A_base) |" if a.baseline else ""))
     print("|---|---|---|---|---|---|" + ("---|---|---|" if a.baseline else ""))

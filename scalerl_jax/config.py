@@ -478,6 +478,9 @@ class ForecastConfig:
     #: stop the run once P(A_this < A_baseline) >= this, after ``stop_min_evals`` evals (--stop-if-worse)
     stop_if_worse: float | None = None
     stop_min_evals: int = 6  # evals (the step-0 eval included) a forecast must have been fitted on to stop a run
+    #: consecutive forecasts that must each meet the stop rule before the run stops (one refit's verdict alone is
+    #: noisier than its interval says: a loosely pinned A swings between refits)
+    stop_confirmations: int = 2
 
     def __post_init__(self) -> None:
         _check(self.min_evals >= 3, f"ForecastConfig.min_evals must be >= 3 (a 3-parameter law), got {self.min_evals}")
@@ -490,6 +493,8 @@ class ForecastConfig:
                    f"(0.5, 1), got {self.stop_if_worse}")
             _check(self.baseline is not None, "--stop-if-worse needs --baseline RUN_DIR (the run to compare with)")
             _check(self.enabled, "--stop-if-worse needs the live forecast (forecast.enabled=true)")
+        _check(self.stop_confirmations >= 1, f"ForecastConfig.stop_confirmations must be >= 1, got "
+               f"{self.stop_confirmations}")
         _check(self.stop_min_evals >= self.min_evals, "ForecastConfig.stop_min_evals must be >= min_evals, got "
                f"{self.stop_min_evals} < {self.min_evals}")
 

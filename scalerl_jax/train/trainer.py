@@ -296,9 +296,14 @@ class RLTrainer:
             self.metrics.write(row)
             self.last_forecast = row
             why = stop_reason(row, fcfg.stop_if_worse, fcfg.stop_min_evals)
-            if why is not None and self.stopped_early is None:
-                self.stopped_early = why
-                self.log(f"[forecast] {why}")
+            self._stop_votes = getattr(self, "_stop_votes", 0) + 1 if why is not None else 0
+            if why is not None and self._stop_votes < fcfg.stop_confirmations:
+                self.log(f"[forecast] the stop rule holds at step {row['step']} ({self._stop_votes} of "
+                         f"{fcfg.stop_confirmations} consecutive forecasts needed)")
+            elif why is not None and self.stopped_early is None:
+                self.stopped_early = (f"{why}; {fcfg.stop_confirmations} consecutive forecasts agreed"
+                                      if fcfg.stop_confirmations > 1 else why)
+                self.log(f"[forecast] {self.stopped_early}")
 
     def _progress_fields(self) -> dict[str, Any]:
         f = getattr(self, "last_forecast", None)

@@ -116,7 +116,9 @@ def test_hard_timeout_kills_and_restarts_worker():
         assert v.judge("\\boxed{3}", "3") == "ok"  # starts the worker outside the timed call
         t0 = time.monotonic()
         assert v.judge("\\boxed{9^{9^{9^{8}}}}", "9^{9^{9^{9}}}") == "timeout"
-        assert time.monotonic() - t0 < 1.0
+        # the tower would take forever: coming back at all shows the kill; the bound leaves room for a loaded machine
+        # (1.17 s measured with the 0.3 s hard timeout while a whole test suite and two runs shared 2 cores)
+        assert time.monotonic() - t0 < 5.0
         assert v.counts["restarts"] == 1
         assert v.judge("\\boxed{3}", "3") == "ok"  # a fresh worker
 

@@ -17,7 +17,7 @@ Several trainer processes (one global mesh, process 0 generating, scoring and wr
 every process runs the same command with ``--coordinator HOST:PORT --num-processes P --process-id I``, or with
 ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` set, or as the tasks of an ``srun`` step.
 
-The tiny preset (DESIGN.md "The tiny default"): a ~0.8M-parameter Llama over a 17-character vocabulary is
+The tiny preset (DESIGN.md "The tiny default"): a ~1M-parameter (0.99M) Llama over a 17-character vocabulary is
 warm-started on the synthetic task ``a+b*c=`` (completion ``b*c=X;a+X=Y#Y``), then trained with every ScaleRL
 component on: PipelineRL-8, CISPO (eps_max 5), FP32 LM head, prompt-level aggregation, batch advantage
 normalisation, zero-variance filtering, No-Positive-Resampling and interruption length control (thinking marker

@@ -270,8 +270,8 @@ class LengthConfig:
     think_budget_hi: int = 12288  # upper end of the thinking budget
     answer_budget: int = 2048  # tokens allowed after an interruption
     #: text that closes the thinking; "auto": "</think>" when the tokenizer holds it as one token (a <think> model),
-    #: else the plain-text pair :data:`PLAIN_THINK_END` / :data:`PLAIN_INTERRUPTION` (README, "Run on your own
-    #: model and data")
+    #: else the plain-text pair :data:`PLAIN_THINK_END` / :data:`PLAIN_INTERRUPTION` (docs/DATA.md,
+    #: "Reasoning markers")
     think_end: str = "</think>"
     #: appended when the thinking budget runs out (its tokens are masked out of the loss); "auto": follows think_end
     interruption_text: str = THINK_INTERRUPTION

@@ -68,6 +68,7 @@ class LiveForecast:
         self.skipped = 0  # evals whose refit was skipped for the time budget
         self.dead: str | None = None
         self.rows: list[dict] = []  # every forecast row returned so far
+        self._evals: int | None = None  # eval rows in metrics.jsonl (counted at the first after_eval)
         self._replies: queue.Queue = queue.Queue()
         args = [sys.executable, "-m", "scalerl_jax.scaling.live", str(self.run_dir),
                 "--compute-key", cfg.compute_key, "--min-evals", str(cfg.min_evals),
@@ -121,6 +122,16 @@ class LiveForecast:
         anyway, for the last eval)."""
         if self.dead is not None:
             return
+        if self._evals is None:  # the first call: count the evals on file (a resumed run has earlier ones)
+            try:
+                with open(self.run_dir / "metrics.jsonl") as f:
+                    self._evals = sum('"kind": "eval"' in line for line in f)
+            except OSError:
+                self._evals = 1
+        else:
+            self._evals += 1
+        if self._evals < self.cfg.min_evals:
+            return  # nothing to fit yet: a short run never waits for the refit process's start-up
         if self.busy:
             self.pending = True
         elif force or self.share() <= self.cfg.max_share:

@@ -162,16 +162,19 @@ def test_live_forecast_process_answers_as_evals_arrive(tmp_path):
                       total_steps=70, log=lines.append)
     try:
         lf.after_eval()
-        assert lf.poll(wait_s=300) == [] and not lf.busy  # 3 evals: nothing to fit yet
-        _write(tmp_path / "metrics.jsonl", rows[3:6], mode="a")
-        lf.after_eval()
+        assert lf.poll(wait_s=1) == [] and not lf.busy  # 3 evals: nothing to fit, nothing asked
+        for r in rows[3:6]:  # one call per eval written, as the trainer makes them
+            _write(tmp_path / "metrics.jsonl", [r], mode="a")
+            lf.after_eval()
         got = lf.poll(wait_s=300)
-        assert len(got) == 1 and got[0]["n_evals"] == 6 and got[0]["worker_pid"] != __import__("os").getpid()
+        # the 5th eval asks; the 6th arrives during that refit and is asked for when it returns (or both at once)
+        assert 1 <= len(got) <= 2 and got[-1]["n_evals"] == 6 and got[0]["worker_pid"] != __import__("os").getpid()
         assert 0.0 <= got[0]["A_lo"] <= got[0]["A_mean"] <= got[0]["A_hi"] <= 1.0
-        _write(tmp_path / "metrics.jsonl", rows[6:], mode="a")
-        lf.after_eval(force=True)
+        for r in rows[6:]:
+            _write(tmp_path / "metrics.jsonl", [r], mode="a")
+            lf.after_eval(force=True)
         got = lf.finish()
-        assert [r["n_evals"] for r in got] == [8] and got[0]["warm_start"]
+        assert got and got[-1]["n_evals"] == 8 and all(r["warm_start"] for r in got)
     finally:
         lf.close()
     assert lf.proc.returncode == 0 and not lines

@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from scalerl_jax.scaling.forecast import Forecaster, forecast_history, stop_reason
+from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history
 
 
 def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None, min_evals: int = 5,
@@ -30,7 +30,8 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
     evals = [i for i, r in enumerate(rows) if r.get("kind") == "eval" and r.get(compute_key) is not None]
     last = rows[evals[-1]]
     total_steps = int(last["step"])
-    forecasts, stop, votes = [], None, 0
+    forecasts, stop = [], None
+    rule = StopRule(stop_if_worse, stop_min_evals, confirmations)  # the trainer's rule
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -41,8 +42,7 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
             (Path(tmp) / "metrics.jsonl").write_text("".join(lines[: i + 1]))
             row = fc.refit(total_steps=total_steps)
             forecasts.append(row)
-            votes = votes + 1 if stop_reason(row, stop_if_worse, stop_min_evals) else 0
-            if stop is None and votes >= confirmations:  # as the trainer: this many consecutive forecasts agree
+            if rule.update(row)[0] is not None and stop is None:
                 stop = row
     h = forecast_history(forecasts, last[compute_key], last["val_reward"])
     out = {"run": str(run_dir), "evals": len(evals), "forecasts": len(forecasts), "final_reward": last["val_reward"],

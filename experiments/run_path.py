@@ -108,12 +108,6 @@ def check_inputs(plan: ExperimentPlan) -> None:
         check_urls(ro.sglang_urls)
     if exp.forecast.baseline:
         check_baseline(exp)
-    if exp.wandb_project:
-        import importlib.util
-
-        if importlib.util.find_spec("wandb") is None:
-            raise ConfigError(f"--wandb-project {exp.wandb_project}: the wandb package is not installed "
-                              "(pip install wandb)")
 
 
 def check_baseline(exp: ExperimentConfig, log=print) -> None:

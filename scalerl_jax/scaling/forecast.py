@@ -23,7 +23,7 @@ from .compare import A_MARGIN, prob_greater
 from .io import load_run
 from .report import _bayes_inputs
 
-__all__ = ["Forecaster", "forecast_history", "stop_reason", "target_compute"]
+__all__ = ["Forecaster", "StopRule", "forecast_history", "stop_reason", "target_compute"]
 
 INTERVAL = 0.9
 
@@ -183,6 +183,26 @@ def stop_reason(row: dict, stop_if_worse: float | None, stop_min_evals: int) -> 
     return (f"stopped at step {row['step']} by --stop-if-worse {stop_if_worse:g}: after {row['n_evals']} evals "
             f"P(A < A_baseline) = {p_worse:.3f} (A {row['A_mean']:.3f} [{row['A_lo']:.3f}, {row['A_hi']:.3f}] vs "
             f"the baseline's {row['baseline_A_mean']:.3f})")
+
+
+class StopRule:
+    """``--stop-if-worse``: :func:`stop_reason` on each forecast row in turn; the run stops once ``confirmations``
+    consecutive rows meet it (one refit's verdict on a loosely pinned A can swing back at the next)."""
+
+    def __init__(self, stop_if_worse: float | None, stop_min_evals: int, confirmations: int = 2) -> None:
+        self.p, self.min_evals, self.confirmations = stop_if_worse, int(stop_min_evals), int(confirmations)
+        self.votes = 0  # consecutive rows that met the rule so far
+
+    def update(self, row: dict) -> tuple[str | None, str | None]:
+        """(why the run stops now or None, a note that the rule held but waits for confirmation or None)."""
+        why = stop_reason(row, self.p, self.min_evals)
+        self.votes = self.votes + 1 if why is not None else 0
+        if why is None:
+            return None, None
+        if self.votes < self.confirmations:
+            return None, (f"the stop rule holds at step {row['step']} ({self.votes} of {self.confirmations} "
+                          "consecutive forecasts needed)")
+        return (f"{why}; {self.confirmations} consecutive forecasts agreed" if self.confirmations > 1 else why), None
 
 
 def forecast_history(rows: list[dict], final_compute: float | None, final_reward: float | None) -> dict | None:

@@ -123,10 +123,11 @@ class LiveForecast:
         if self.dead is not None:
             return
         if self._evals is None:  # the first call: count the evals on file (a resumed run has earlier ones)
+            from scalerl_jax.metrics import read_metrics
+
             try:
-                with open(self.run_dir / "metrics.jsonl") as f:
-                    self._evals = sum('"kind": "eval"' in line for line in f)
-            except OSError:
+                self._evals = len(read_metrics(self.run_dir, "eval"))
+            except (OSError, ValueError):
                 self._evals = 1
         else:
             self._evals += 1

@@ -122,7 +122,9 @@ class RLTrainer:
                                      run_name=self.run_dir.name)
         # the live forecast (scalerl_jax.scaling.live.LiveForecast): started by the caller, or by run() when None
         self.forecast = forecast
+        self.last_forecast: dict[str, Any] | None = None  # the newest forecast row (the progress line shows it)
         self.stopped_early: str | None = None  # why --stop-if-worse ended the run
+        self.stop_rule = None  # scalerl_jax.scaling.forecast.StopRule, made with the forecast (run())
         self.version = int(self.state.step)
         self._push_weights()
         log(f"[rl] generators hold weights v{self.version} (pushed in {self.last_sync_s:.2f}s)")
@@ -274,8 +276,11 @@ class RLTrainer:
 
     def _start_forecast(self) -> None:
         fcfg = self.exp.forecast
-        if not fcfg.enabled:
-            return
+        if not fcfg.enabled and self.forecast is None:
+            return  # (imported only here: the scaling package brings numpyro and matplotlib into the process)
+        from scalerl_jax.scaling.forecast import StopRule
+
+        self.stop_rule = StopRule(fcfg.stop_if_worse, fcfg.stop_min_evals, fcfg.stop_confirmations)
         if self.forecast is None:
             from scalerl_jax.scaling.live import LiveForecast
 
@@ -288,25 +293,19 @@ class RLTrainer:
 
     def _forecast_rows(self, rows: list[dict]) -> None:
         """Write the forecast rows that came back; apply --stop-if-worse."""
-        from scalerl_jax.scaling.forecast import stop_reason
-
-        fcfg = self.exp.forecast
         for row in rows:
             row = {**row, "run_step": int(self.state.step)}
             self.metrics.write(row)
             self.last_forecast = row
-            why = stop_reason(row, fcfg.stop_if_worse, fcfg.stop_min_evals)
-            self._stop_votes = getattr(self, "_stop_votes", 0) + 1 if why is not None else 0
-            if why is not None and self._stop_votes < fcfg.stop_confirmations:
-                self.log(f"[forecast] the stop rule holds at step {row['step']} ({self._stop_votes} of "
-                         f"{fcfg.stop_confirmations} consecutive forecasts needed)")
-            elif why is not None and self.stopped_early is None:
-                self.stopped_early = (f"{why}; {fcfg.stop_confirmations} consecutive forecasts agreed"
-                                      if fcfg.stop_confirmations > 1 else why)
-                self.log(f"[forecast] {self.stopped_early}")
+            why, note = self.stop_rule.update(row)
+            if note is not None:
+                self.log(f"[forecast] {note}")
+            if why is not None and self.stopped_early is None:
+                self.stopped_early = why
+                self.log(f"[forecast] {why}")
 
     def _progress_fields(self) -> dict[str, Any]:
-        f = getattr(self, "last_forecast", None)
+        f = self.last_forecast
         if not f:
             return {}
         out = {"A": f"{f['A_mean']:.2f} [{f['A_lo']:.2f}, {f['A_hi']:.2f}]"}

@@ -11,7 +11,7 @@ import pytest
 
 from scalerl_jax.config import ConfigError, ForecastConfig
 from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
-from scalerl_jax.scaling.forecast import Forecaster, forecast_history, stop_reason, target_compute
+from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason, target_compute
 from scalerl_jax.scaling.live import LiveForecast
 from scalerl_jax.scaling.paper import TABLE1
 
@@ -131,6 +131,39 @@ def test_baseline_comparison_and_stop_rule(tmp_path):
     # too few evals for the rule: no stop whatever the probability
     assert stop_reason({**high, "n_evals": 5}, 0.9, 6) is None
     assert stop_reason(high, None, 6) is None
+
+
+def test_stop_rule_needs_consecutive_forecasts():
+    worse = {"step": 10, "n_evals": 8, "P_A_gt_baseline": 0.02, "A_mean": 0.5, "A_lo": 0.4, "A_hi": 0.6,
+             "baseline_A_mean": 0.9}
+    better = {**worse, "P_A_gt_baseline": 0.4}
+    rule = StopRule(0.9, 6, confirmations=2)
+    why, note = rule.update(worse)
+    assert why is None and "1 of 2" in note
+    assert rule.update(better) == (None, None)  # a dissent resets the count
+    assert rule.update(worse)[0] is None
+    why, note = rule.update({**worse, "step": 14})
+    assert note is None and "step 14" in why and "2 consecutive forecasts agreed" in why
+    one = StopRule(0.9, 6, confirmations=1)
+    assert one.update(worse)[0] == stop_reason(worse, 0.9, 6)
+
+
+def test_warm_start_centres_the_chains_on_the_given_values():
+    """The unconstrained start point, worked by hand from the model's transforms: z_B = (log B - log 1.5) / 1,
+    z_C = (log C_mid - logc_loc) / logc_scale, u_A = logit((A - R0) / (1 - R0)), R0 -> logit, d -> log(log d)."""
+    from scalerl_jax.scaling.bayes import COLD_SPREAD, WARM_SPREAD, _prepare, _start_point
+
+    c = np.array([0.0, 1.0, 2.0, 4.0, 8.0, 16.0])
+    prep = _prepare(c, np.linspace(0.3, 0.6, 6), None, 100, 4, None, 0.0)
+    loc, scale = 0.5 * (np.log(1.0) + np.log(16.0)), max(2.0, np.log(16.0))
+    centre, spread = _start_point(prep, {"A": 0.7, "B": 2.0, "C_mid": 4.0, "R0": 0.3, "dispersion": 3.0})
+    assert spread == WARM_SPREAD
+    assert centre["z_B"] == pytest.approx(np.log(2.0) - np.log(1.5))
+    assert centre["z_C"] == pytest.approx((np.log(4.0) - loc) / scale)
+    assert centre["R0"] == pytest.approx(np.log(0.3 / 0.7))
+    assert centre["u_A"] == pytest.approx(np.log((0.4 / 0.7) / (1 - 0.4 / 0.7)))
+    assert centre["log_disp"] == pytest.approx(np.log(np.log(3.0)))
+    assert _start_point(prep, None) == ({k: 0.0 for k in centre}, COLD_SPREAD)
 
 
 def test_forecast_config_refuses_a_stop_without_baseline():

@@ -22,7 +22,13 @@ P(A_ScaleRL > A_variant), P(B_ScaleRL > B_variant) against ScaleRL of the same s
 variant's A and B averaged over its seeds and P(ScaleRL's average > the variant's). The same folder holds the
 overlaid curves, the ceiling densities and every fit's report.md. ``--fit-until 0.5`` (the paper's half-compute
 protocol; finished runs are not rerun) writes ``<out>/comparison_until0.5`` with each run's prediction of its last
-eval from the first half, its error and whether the 90 % interval covered it. Cost on a 2-core CPU: about the tiny run's
+eval from the first half, its error and whether the 90 % interval covered it.
+
+The results store (``--store``, default ``results/<name of --out>``; experiments/store.py): each finished run's
+small files (config, metrics, summary, report, figures; no checkpoints or weights) are copied there as it finishes
+(``--commit``: and git-committed), with the comparison beside them. A planned run found finished in the store with
+the same config is not run again, so a study committed from one machine continues on another from a clone, and
+its comparison is rebuilt from the stored files. Cost on a 2-core CPU: about the tiny run's
 RL time per variant and seed, plus one warm start per seed (docs/results/loo_tiny.md).
 """
 
@@ -43,6 +49,7 @@ from experiments.math_8b import VariantName, apply_run_flags, first_pass
 from experiments.numerics import NUMERICS
 from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from experiments.run_path import run_experiment
+from experiments.store import commit_run, default_store, store_comparison, store_run, stored_run
 from scalerl_jax.config import ConfigError, ExperimentConfig
 
 ComputeKey = Literal["flops", "device_hours"]
@@ -80,6 +87,12 @@ class LooArgs:
     fit_until: float = 1.0
     """fraction of each run's compute the sigmoid is fitted on (1.0: the whole run, for comparing variants; 0.5: the
     paper's half-compute protocol)"""
+    store: Annotated[str, tyro.conf.arg(metavar="DIR|auto|none")] = "auto"
+    """results store (experiments/store.py): each finished run's small files are copied to DIR/<run>, and a planned
+    run found finished there with the same config is not run again; auto: results/<name of --out> in the working
+    directory (the repository); none: no store"""
+    commit: bool = False
+    """git-commit each run's stored files as it finishes (a long study continued on another machine from a clone)"""
     print_config: bool = False
     """print every run's resolved configuration as JSON and exit"""
     set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE"), tyro.conf.UseAppendAction] = ()
@@ -360,6 +373,45 @@ def _seed_table(seeds: dict, reference: str) -> list[str]:
     return lines
 
 
+def _stored_differences(store: Path, name: str, plan: ExperimentPlan) -> tuple[Path | None, list[str]]:
+    """The store's finished copy of run ``name`` (None when there is none) and how its config differs from
+    ``plan`` (:func:`config_differences`; empty: it is the planned run)."""
+    kept = stored_run(store, name)
+    if kept is None:
+        return None, []
+    try:
+        written = json.loads((kept / "config.json").read_text())
+        if not isinstance(written, dict):
+            return kept, [f"{kept / 'config.json'} is not a JSON object"]
+        return kept, config_differences(plan, written)
+    except (OSError, json.JSONDecodeError) as e:
+        return kept, [f"{kept / 'config.json'} is unreadable ({e})"]
+
+
+def _from_store(store: Path, name: str, plan: ExperimentPlan) -> Path | None:
+    """The stored copy of run ``name`` when it finished with the planned config, else None (said why)."""
+    kept, diffs = _stored_differences(store, name, plan)
+    if kept is None:
+        return None
+    if diffs:
+        print(f"[loo] {name}: the stored run {kept} differs from the planned one ({'; '.join(diffs)}); running it")
+        return None
+    print(f"[loo] {name}: finished in the results store with the same config ({kept}), not running it again")
+    return kept
+
+
+def _keep(run_dir: Path, store: Path, commit: bool) -> None:
+    """Copy a finished run into the store (a stored run of another config is moved to ``<store>/superseded``)."""
+    earlier = store / run_dir.name
+    if earlier.exists():
+        moved = _move_aside(earlier, store / "superseded")
+        print(f"[loo] {run_dir.name}: the store's earlier copy moved to {moved}")
+    kept = store_run(run_dir, store)
+    print(f"[loo] {run_dir.name}: stored its small files in {kept}", flush=True)
+    if commit and commit_run(kept):
+        print(f"[loo] {run_dir.name}: committed {kept}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (``--help``); returns the exit status."""
     args, plans = parse_runs(list(sys.argv[1:] if argv is None else argv))
@@ -373,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out or f"runs/loo_{args.preset}")
     out.mkdir(parents=True, exist_ok=True)
+    store = None if args.store == "none" else default_store(out) if args.store == "auto" else Path(args.store)
+    if store is not None:
+        print(f"[loo] results store: {store} (--store none: no store)")
     run_dirs = []
     t0 = time.time()
     for variant in args.variants:
@@ -382,8 +437,17 @@ def main(argv: list[str] | None = None) -> int:
             plan = plans[variant, seed]
             plan = dataclasses.replace(plan, exp=dataclasses.replace(plan.exp, out_dir=str(run_dir)))
             state, why = run_state(run_dir, plan)
+            if state != "finished" and store is not None:
+                kept = _from_store(store, run_dir.name, plan)
+                if kept is not None:
+                    run_dirs[-1] = kept
+                    continue
             if state == "finished":
                 print(f"[loo] {run_dir.name}: finished earlier with the same config, skipping")
+                if store is not None:
+                    kept, diffs = _stored_differences(store, run_dir.name, plan)
+                    if kept is None or diffs:
+                        _keep(run_dir, store, args.commit)
                 continue
             if state == "replace":
                 moved = _move_aside(run_dir, out / "superseded")
@@ -403,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[loo] {run_dir.name}: error: resuming its checkpoints: {e}; move {run_dir} aside to start "
                       "it over", file=sys.stderr)
                 return 1
+            if store is not None:
+                _keep(run_dir, store, args.commit)
     # a first-part fit (--fit-until 0.5) gets folders of its own, so it does not overwrite the whole-run comparison
     tail = "" if args.fit_until == 1 else f"_until{args.fit_until:g}"
     dirs = [out / (f"comparison{tail}" if i == 0 else f"comparison{tail}_{key}")
@@ -412,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summaries[0]
     (dirs[0] / "loo_summary.json").write_text(json.dumps({"runs": [str(d) for d in run_dirs],
                                                           "seconds": time.time() - t0}, indent=2))
+    if store is not None:
+        for d in dirs:  # the comparison's table and figures beside the stored runs (rebuilt by re-issuing the command)
+            store_comparison(d, store / d.name)
     print(f"[loo] {len(run_dirs)} runs in {time.time() - t0:.0f}s; report {dirs[0] / 'comparison.md'}")
     if not summary["runs"]:
         print("[loo] no run could be fitted (each needs 5 evals in its fit window); comparison.md says why per run",

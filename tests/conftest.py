@@ -61,6 +61,21 @@ def pytest_configure(config):
         config.pluginmanager.register(CpuDurations(config.getoption("cpu_durations")), "cpu_durations")
 
 
+WHOLE_RUN_FIXTURES = ("smoke_run", "smoke_moe_run")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that read the whole runs (``smoke_run``, ``smoke_moe_run``) go last, those needing only the first
+    run (it finishes first) before those needing the second; every other test keeps its place. The runs start in
+    the background as the session starts, so the rest of the suite runs while they do instead of waiting for them
+    at the first test that needs one."""
+    def key(item):
+        names = set(getattr(item, "fixturenames", ()))
+        return tuple(n in names for n in reversed(WHOLE_RUN_FIXTURES))
+
+    items[:] = sorted(items, key=key)  # stable: the order within each group is pytest's own
+
+
 def pytest_unconfigure(config):
     own = config.stash.get(_OWN_CACHE, None)
     if own:

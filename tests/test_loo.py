@@ -49,7 +49,9 @@ def test_shared_warm_start_refuses_another_key(tmp_path):
 def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(presets.PRESETS, "micro", _micro_plan)
     out = tmp_path / "loo"
-    assert loo.main(["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out)]) == 0
+    store = tmp_path / "store"
+    cmd = ["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out), "--store", str(store)]
+    assert loo.main(cmd) == 0
     first = capsys.readouterr().out
     assert first.count("supervised warm start:") == 1 and first.count("reusing the warm start") == 1
     ws = out / "warmstart_s0"
@@ -73,8 +75,14 @@ def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, mo
     assert 0.0 <= float(cells[1][7]) <= 1.0 and 0.0 <= float(cells[1][8]) <= 1.0
     end = {n: float(c[2]) for n, c in zip(("scalerl", "bf16"), cells)}
     assert float(cells[1][3]) == pytest.approx(end["bf16"] - end["scalerl"], abs=1.5e-3)
+    # each finished run's small files are in the store (no checkpoints), the comparison beside them
+    for name in ("scalerl_s0", "bf16_head_s0"):
+        kept = sorted(p.relative_to(store / name).as_posix() for p in (store / name).rglob("*") if p.is_file())
+        assert kept == ["config.json", "metrics.jsonl", "stored.json", "summary.json"], kept
+        assert (store / name / "metrics.jsonl").read_text() == (out / name / "metrics.jsonl").read_text()
+    assert (store / "comparison" / "comparison.md").read_text() == table
     # re-issuing the command runs nothing again
-    assert loo.main(["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out)]) == 0
+    assert loo.main(cmd) == 0
     again = capsys.readouterr().out
     assert again.count("finished earlier with the same config, skipping") == 2 and "warm start" not in again
 
@@ -231,7 +239,7 @@ def test_loo_on_your_own_model_reruns_a_run_whose_config_changed(own_base, tmp_p
     model_dir, data = own_base
     out = tmp_path / "loo"
     cmd = ["--preset", "micro", "--model", str(model_dir), "--data", str(data), "--variants", "scalerl", "gspo",
-           "--seeds", "1", "--out", str(out)]
+           "--seeds", "1", "--out", str(out), "--store", "none"]
     # 2 steps give 3 evals: too few to fit, which the exit status and the table say (the runs themselves finished)
     assert loo.main([*cmd, "--steps", "2"]) == 1
     first = capsys.readouterr().out

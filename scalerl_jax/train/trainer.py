@@ -225,9 +225,11 @@ class RLTrainer:
             self.metrics.write({"kind": "error", "step": step, "reason": f"batch staleness {staleness} > k; dropped",
                                 **self._compute_row()})
             return False
+        t_batch = time.perf_counter()
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
                                          microbatches=self.tcfg.microbatches)
+        batch_s = time.perf_counter() - t_batch
         self.counters.filtered_groups += stats.n_filtered_groups
         base = {"step": step, "reward_mean": stats.reward_mean, "pass_rate": stats.pass_rate,
                 "n_groups": stats.n_groups, "n_filtered_groups": stats.n_filtered_groups,
@@ -267,8 +269,11 @@ class RLTrainer:
         t_clock()
         row = {"kind": "train", **base, **{k: float(v) for k, v in m.items()}, "step": int(self.state.step),
                "batch_staleness": staleness, "step_seconds": dt, "weight_sync_seconds": self.last_sync_s,
+               "score_seconds": rb.score_seconds, "batch_seconds": batch_s, "wait_seconds": self._wait_s,
+               "loop_seconds": time.perf_counter() - self._loop_t0,
                **self._generator_metrics(), **self._compute_row()}
         self.metrics.write(row)
+        self._loop_t0 = time.perf_counter()  # the next train row's loop_seconds: from this row to that one
         self.last_train = row
         return True
 
@@ -333,7 +338,8 @@ class RLTrainer:
         if self.resumed_from is None:
             self._eval_row()
         t_last[0], eval_before[0] = time.perf_counter(), self.counters.eval_s
-        wall0 = time.perf_counter()
+        wall0 = self._loop_t0 = time.perf_counter()
+        self._wait_s = 0.0  # pipeline mode: the trainer's wait for the step's batch
         runner = None
         try:
             if self.rcfg.mode == "pipeline":
@@ -341,7 +347,10 @@ class RLTrainer:
             while int(self.state.step) < total and self.stopped_early is None:
                 before = int(self.state.step)
                 if self.rcfg.mode == "pipeline":
-                    if not self._train_on(runner.get(timeout=self.rcfg.batch_timeout_s), t_clock):
+                    t_wait = time.perf_counter()
+                    rb = runner.get(timeout=self.rcfg.batch_timeout_s)
+                    self._wait_s = time.perf_counter() - t_wait
+                    if not self._train_on(rb, t_clock):
                         runner.consumed_without_update()  # else the throttle would wait for a version forever
                 else:
                     self._ppo_round(t_clock)
@@ -393,12 +402,14 @@ class RLTrainer:
         self.generator.reseed(self.tcfg.seed * 1_000_003 + step)
         t0 = time.perf_counter()
         batches = [self.producer.produce(step + j) for j in range(self.rcfg.k)]
-        self.counters.generator_busy_s += time.perf_counter() - t0
+        self._wait_s = time.perf_counter() - t0  # the round's generation: the first update of the round waits it
+        self.counters.generator_busy_s += self._wait_s
         for rb in batches:
             if int(self.state.step) >= self.tcfg.steps:
                 break
             # the generator is not updated inside a round: the trained batch j is j versions stale
             self._train_on(rb, t_clock, push=False)
+            self._wait_s = 0.0
         self._push_weights()
 
     def close(self, error: str | None = None) -> None:

@@ -1,0 +1,130 @@
+"""Where an RL step's time goes, per preset, beside the step's compute floor.
+
+Runs a few RL steps of each preset on its own path (``experiments.run_path.run_experiment``: the preset's base
+model or warm start, generators, trainer; no fit) and reads the train rows it wrote (docs/METRICS.md): per step,
+the trainer's wall time (``loop_seconds``) split into waiting for the batch (``wait_seconds``: generation the
+trainer did not overlap), batch assembly, the train step, the weight hand-over, and the rest (metrics,
+checkpoints, evals); the producer's side (generation, scoring) beside it; the cost of one eval and its share per
+step at the preset's ``eval_every``. The compute floor is the step's counted FLOPs (training 3x forward on the
+real tokens + generation forward, the ``flops`` columns) over this machine's matmul rate measured in the same
+process (a jitted float32 matmul); ``x floor`` is the step's wall time over it.
+
+    .venv/bin/python -m benchmarks.bench_loop                        # tiny, small, tiny_chain; 12 steps each
+    .venv/bin/python -m benchmarks.bench_loop --presets tiny --steps 24 --set train.eval_every=8
+
+The first ``--skip`` steps (compilation) are reported apart. A preset's warm start is trained once into
+``--out/warmstart_<preset>`` and reused by later invocations (the key of experiments.common.warm_start_key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
+    """This process's float32 matmul rate (FLOP/s): the best of ``reps`` timed n x n x n products, compiled first."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
+    """Per-step means of the train rows after the first ``skip`` (and the first steps apart); one eval's cost."""
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    steady = train[skip:] or train
+    mean = lambda k, rs=steady: float(np.mean([r.get(k, 0.0) for r in rs])) if rs else float("nan")  # noqa: E731
+    parts = {k: mean(k) for k in ("loop_seconds", "wait_seconds", "batch_seconds", "step_seconds",
+                                  "weight_sync_seconds", "gen_seconds", "score_seconds")}
+    # the rows after an eval carry that eval in their loop_seconds: take it out of the steady loop
+    eval_in_loop = sum(e["eval_seconds"] for e in evals if any(e["step"] == r["step"] - 1 for r in steady))
+    parts["eval_in_loop"] = eval_in_loop / max(len(steady), 1)
+    accounted = sum(parts[k] for k in ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds",
+                                       "eval_in_loop"))
+    parts["other"] = parts["loop_seconds"] - accounted
+    flops = [r["flops"] for r in train]
+    per_step_flops = float(np.mean(np.diff(flops[skip - 1 if skip else 0:]))) if len(flops) > 1 else flops[0]
+    one_eval = float(np.median([e["eval_seconds"] for e in evals])) if evals else float("nan")
+    return {"steps": len(train), "steady_steps": len(steady), "first_steps_s": [r["loop_seconds"] for r in
+                                                                                train[:skip]],
+            **parts, "flops_per_step": per_step_flops, "eval_seconds": one_eval,
+            "eval_per_step": one_eval / max(eval_every, 1), "completion_len": mean("completion_len")}
+
+
+def run_preset(preset: str, steps: int, out: Path, sets: list[str]) -> tuple[list[dict], int]:
+    """Run ``steps`` RL steps of ``preset`` into ``out/<preset>`` (parsed as ``python -m experiments.math_8b
+    --preset PRESET --steps STEPS --set ...`` would be); its metrics rows and its eval_every."""
+    from experiments.math_8b import apply_run_flags, parse_run_args
+    from experiments.run_path import run_experiment
+
+    argv = ["--preset", preset, "--steps", str(steps), *[x for kv in sets for x in ("--set", kv)]]
+    from experiments.presets import PRESETS
+
+    args, plan = parse_run_args(argv, preset, "scalerl", 0, presets=PRESETS, prog="benchmarks.bench_loop", doc=None)
+    plan = apply_run_flags(plan, args, "benchmarks.bench_loop")
+    plan = dataclasses.replace(plan, exp=dataclasses.replace(plan.exp, out_dir=str(out / preset)))
+    run_experiment(plan, fit=False, overwrite=True, warm_dir=out / f"warmstart_{preset}",
+                   log=lambda s: print(f"  {s}", flush=True) if s.startswith(("[warm", "[rl]")) else None)
+    rows = [json.loads(line) for line in (out / preset / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, plan.exp.train.eval_every
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "tiny_chain"])
+    ap.add_argument("--steps", type=int, default=12, help="RL steps per preset")
+    ap.add_argument("--skip", type=int, default=2, help="first steps reported apart (compilation)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="config override for every preset, as experiments.math_8b --set")
+    ap.add_argument("--out", default="runs/bench_loop", help="run directories and the shared warm starts")
+    ap.add_argument("--json", default=None, help="also write the table's numbers to this file")
+    a = ap.parse_args(argv)
+    if a.steps <= a.skip:
+        ap.error(f"--steps ({a.steps}) must exceed --skip ({a.skip})")
+    out = Path(a.out)
+    results = {}
+    for preset in a.presets:
+        print(f"[bench_loop] {preset}: {a.steps} RL steps", flush=True)
+        t0 = time.perf_counter()
+        rows, eval_every = run_preset(preset, a.steps, out, a.set)
+        results[preset] = {**breakdown(rows, a.skip, eval_every), "run_seconds": time.perf_counter() - t0,
+                           "eval_every": eval_every}
+    rate = matmul_flops_per_s()
+    print(f"\nmatmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
+    cols = ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds", "eval_in_loop", "other")
+    print(f"\n{'preset':<11} {'s/step':>7} " + " ".join(f"{c.split('_')[0]:>7}" for c in cols)
+          + f" {'gen':>7} {'score':>7} {'eval/st':>7} {'floor s':>8} {'x floor':>8} {'len':>5}")
+    for preset, r in results.items():
+        floor = r["flops_per_step"] / rate
+        r["floor_seconds"], r["x_floor"] = floor, r["loop_seconds"] / max(floor, 1e-12)
+        shares = " ".join(f"{r[c] / r['loop_seconds']:>6.0%} " for c in cols)
+        print(f"{preset:<11} {r['loop_seconds']:>7.3f} {shares}{r['gen_seconds']:>7.3f} {r['score_seconds']:>7.3f} "
+              f"{r['eval_per_step']:>7.3f} {floor:>8.4f} {r['x_floor']:>8.0f} {r['completion_len']:>5.1f}")
+    print("\ns/step: trainer wall time per steady step (loop_seconds); the next six columns are its shares: waiting "
+          "for the batch, assembling it, the train step, the weight hand-over, an eval inside the step, the rest. "
+          "gen, score: the producer's seconds per batch (overlapped with training in pipeline mode). eval/st: one "
+          "eval's seconds / eval_every. floor s: counted FLOPs per step / the matmul rate.")
+    for preset, r in results.items():
+        print(f"{preset}: first {len(r['first_steps_s'])} steps {', '.join(f'{s:.2f}' for s in r['first_steps_s'])} s"
+              f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "presets": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""benchmarks/bench_loop.py: the step breakdown it prints, worked by hand on written train and eval rows, and the
+loop timings the trainer writes (a short run: every part is there, and they fit inside the step's wall time)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from benchmarks.bench_loop import breakdown
+
+
+def _train(step, loop, wait=0.5, flops=None):
+    return {"kind": "train", "step": step, "loop_seconds": loop, "wait_seconds": wait, "batch_seconds": 0.1,
+            "step_seconds": 1.0, "weight_sync_seconds": 0.2, "gen_seconds": 1.5, "score_seconds": 0.05,
+            "flops": flops if flops is not None else 100.0 * step, "completion_len": 20.0}
+
+
+def test_breakdown_splits_the_loop_and_takes_the_eval_out():
+    rows = [{"kind": "eval", "step": 0, "eval_seconds": 3.0},
+            _train(1, 9.0, wait=4.0),  # the first step: compilation, reported apart
+            {"kind": "eval", "step": 2, "eval_seconds": 0.8}, _train(2, 2.0), _train(3, 2.8), _train(4, 2.0)]
+    rows.insert(3, rows.pop(2))  # the eval after step 2 is written before step 3's row
+    b = breakdown(rows, skip=1, eval_every=2)
+    assert b["steady_steps"] == 3 and b["first_steps_s"] == [9.0]
+    assert b["loop_seconds"] == pytest.approx((2.0 + 2.8 + 2.0) / 3)
+    assert b["eval_in_loop"] == pytest.approx(0.8 / 3)  # step 3's loop holds the eval after step 2
+    # the rest: 2.2667 - (0.5 + 0.1 + 1.0 + 0.2 + 0.2667) = 0.2
+    assert b["other"] == pytest.approx(0.2)
+    assert b["flops_per_step"] == pytest.approx(100.0)  # the counted FLOPs grow by 100 a step
+    assert b["eval_seconds"] == pytest.approx((3.0 + 0.8) / 2) and b["eval_per_step"] == pytest.approx(1.9 / 2)
+
+
+def test_the_trainer_writes_the_loop_timings(tmp_path):
+    import json
+
+    import jax
+
+    from experiments.presets import build_plan
+    from experiments.run_path import build_trainer
+    from scalerl_jax.data.pipeline import build_prompt_data
+    from scalerl_jax.data.tokenizer import CharTokenizer
+    from scalerl_jax.models import init_params
+
+    R = dataclasses.replace
+
+    def score(completions, problems):  # +1 iff the completion's length is even: every group has variance
+        return np.array([1.0 if len(c) % 2 == 0 else -1.0 for c in completions], np.float32), {"timeouts": 0}
+
+    plan = build_plan("tiny", "scalerl")
+    small = R(plan.exp.model, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64)
+    exp = R(plan.exp, model=small, out_dir=str(tmp_path / "run"),
+            rollout=R(plan.exp.rollout, prompts_per_batch=4, group_size=4, k=2),
+            train=R(plan.exp.train, steps=3, eval_every=2, eval_samples=1, checkpoint_every=100))
+    trainer = build_trainer(R(plan, exp=exp), init_params(small, jax.random.key(0), std=0.5),
+                            build_prompt_data("arith", val_size=8, seed=0), tok=CharTokenizer(),
+                            score=score, log=lambda s: None)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    train = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    train = [r for r in train if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for r in train:
+        parts = r["wait_seconds"] + r["batch_seconds"] + r["step_seconds"] + r["weight_sync_seconds"]
+        assert min(r["wait_seconds"], r["batch_seconds"], r["score_seconds"]) >= 0
+        assert parts <= r["loop_seconds"] + 1e-6, r  # the parts happen inside the step's wall time

@@ -4,7 +4,7 @@ For each model, one random checkpoint is written and loaded by both sides with t
 
 - in process: ``JaxEngine.generate(requests)``, one call for the whole batch (what the trainer does);
 - fleet: one ``python -m scalerl_jax.serve --model CKPT`` subprocess driven over HTTP by
-  :class:`~scalerl_jax.rollout.sglang_client.SGLangGenerator`, one ``/generate`` per prompt (``n`` samples each)
+  :class:`~scalerl_jax.rollout.client.sglang.SGLangGenerator`, one ``/generate`` per prompt (``n`` samples each)
   sent concurrently, so the server's continuous batching has to put them back into one batch.
 
 The workload is the tiny RL batch shape (32 prompts x 8 samples, 6-10 prompt tokens, sampled at temperature 1,
@@ -34,9 +34,9 @@ import jax
 import numpy as np
 
 from scalerl_jax.models import get_preset, init_params, save_hf_checkpoint
+from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,9 +26,9 @@ import jax
 import numpy as np
 
 from scalerl_jax.models import get_preset, init_params
+from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,10 +33,9 @@ def main() -> None:
     from scalerl_jax.data.tokenizer_build import save_char_tokenizer
     from scalerl_jax.models import init_params, save_hf_checkpoint
     from scalerl_jax.models.presets import get_preset
+    from scalerl_jax.rollout.client import RemoteGenerator, SGLangGenerator
     from scalerl_jax.rollout.engine import JaxEngine
     from scalerl_jax.rollout.fleet import LocalFleet
-    from scalerl_jax.rollout.remote import RemoteGenerator
-    from scalerl_jax.rollout.sglang_client import SGLangGenerator
 
     rows = []
     for name in a.presets:

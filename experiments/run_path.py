@@ -8,7 +8,7 @@
     generators   the embedded JAX engine in process, or SGLang-API servers over HTTP: ``--sglang-urls`` (a fleet
                  or its router) or ``--generators N`` (N local ``scalerl_jax.serve`` processes + a real
                  ``sglang-router``, started and stopped by the run); weights reach them as HF checkpoints pushed
-                 in flight after every update (:class:`~scalerl_jax.rollout.remote.RemoteGenerator`)
+                 in flight after every update (:class:`~scalerl_jax.rollout.client.remote.RemoteGenerator`)
     rewards      exact match (the synthetic task), math-verify (math sets), or the code sandbox (code prompts mixed
                  in with ``data.code_source``: a :class:`~scalerl_jax.rewards.code_pool.CodePool` the run owns and
                  closes; the isolation it runs under is written into config.json and summary.json)
@@ -338,8 +338,7 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
         ev = JaxEngine(gen_cfg, host, max_batch=min(1024, n_val * exp.train.eval_samples), max_len=plan.seq_len,
                        decode_chunk=ro.decode_chunk, seed=exp.train.seed + 1)
         return Generators(train, ev)
-    from scalerl_jax.rollout.remote import RemoteGenerator
-    from scalerl_jax.rollout.sglang_client import SGLangGenerator
+    from scalerl_jax.rollout.client import RemoteGenerator, SGLangGenerator
 
     if base_dir is None:
         raise ConfigError("an SGLang fleet needs the base model as an HF directory (with tokenizer.json)")

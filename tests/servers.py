@@ -24,8 +24,8 @@ import numpy as np
 
 from scalerl_jax.models import forward, init_params, save_hf_checkpoint, tiny
 from scalerl_jax.rollout import wire_schema as ws
-from scalerl_jax.rollout.processes import free_port
-from scalerl_jax.rollout.sglang_wire import parse_release
+from scalerl_jax.rollout.client.wire import parse_release
+from scalerl_jax.rollout.fleet.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # the suite's shared compilation cache (tests/conftest.py sets it before this module is imported)

@@ -1,4 +1,4 @@
-"""scalerl_jax/rollout/decode.py: the per-row state machine (advance_rows) on hand-worked token streams, and the
+"""scalerl_jax/rollout/engine/decode.py: the per-row state machine (advance_rows) on hand-worked token streams, and the
 slot-cache scatter (padding slots dropped). The model-driven decode is covered by test_engine.py and
 test_interruption.py."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from scalerl_jax.rollout.decode import FINISH_NAMES, _scatter_rows, advance_rows
+from scalerl_jax.rollout.engine.decode import FINISH_NAMES, _scatter_rows, advance_rows
+from scalerl_jax.rollout.engine.rows import Row, Submission, empty_slots, fill_slot
 from scalerl_jax.rollout.length_rule import PH_ANSWER, PH_FREE, PH_INJECT, PH_THINK
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.rows import Row, Submission, empty_slots, fill_slot
 
 LC = LengthControl(think_end_ids=(5, 6), interruption_ids=(9, 10), budget_lo=2, budget_hi=2, answer_budget=2)
 

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
 
+from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.fleet import FleetError, LocalFleet
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from tests.servers import checkpoint_pair, kill_once_generating, prompts, stats, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]

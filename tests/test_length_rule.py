@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout.decode import advance_rows
+from scalerl_jax.rollout.client import SGLangGenerator
+from scalerl_jax.rollout.client.wire import Sample
+from scalerl_jax.rollout.engine.decode import advance_rows
+from scalerl_jax.rollout.engine.rows import Row, Submission, empty_slots, fill_slot
 from scalerl_jax.rollout.length_rule import FINISH_NAMES, draw_budget, think_outcome
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.rows import Row, Submission, empty_slots, fill_slot
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from scalerl_jax.rollout.sglang_wire import Sample
 
 V, STOP, THINK_END, INTER = 12, 1, (5, 6), (9, 10)
 

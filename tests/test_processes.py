@@ -1,5 +1,6 @@
-"""scalerl_jax/rollout/processes.py: the guard started by its documented module path (``python -m
-scalerl_jax.rollout.processes --guard PPID -- CMD``, what :func:`guarded` builds), free ports and log tails."""
+"""scalerl_jax/rollout/fleet/processes.py and fleet/guard.py: the guard started by its documented module path
+(``python -m scalerl_jax.rollout.fleet.guard --guard PPID -- CMD``, what :func:`guarded` builds), free ports and
+log tails."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from scalerl_jax.rollout.processes import free_port, guarded, log_tail
+from scalerl_jax.rollout.fleet.processes import PACKAGE_PARENT, free_port, guarded, log_tail
 from tests.servers import ROOT
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -20,10 +21,12 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 def test_guard_by_module_path_runs_the_command_and_returns_its_status():
     cmd = guarded([sys.executable, "-c", "import sys; sys.exit(7)"])
-    assert cmd[1:4] == ["-m", "scalerl_jax.rollout.processes", "--guard"]
-    assert subprocess.run(cmd, env=ENV, cwd=ROOT, timeout=60).returncode == 7
+    assert cmd[1:4] == ["-m", "scalerl_jax.rollout.fleet.guard", "--guard"]
+    run = subprocess.run(cmd, env=ENV, cwd=ROOT, timeout=60, capture_output=True, text=True)
+    # the guard module is not imported by its package before ``-m`` runs it (runpy would warn on stderr)
+    assert run.returncode == 7 and run.stderr == ""
     # a PARENT_PID that is not the guard's parent: it refuses (3) without running the command
-    wrong = [sys.executable, "-m", "scalerl_jax.rollout.processes", "--guard", "1", "--", "true"]
+    wrong = [sys.executable, "-m", "scalerl_jax.rollout.fleet.guard", "--guard", "1", "--", "true"]
     assert subprocess.run(wrong, env=ENV, cwd=ROOT, timeout=60).returncode == 3
     no_cmd = subprocess.run(wrong[:-2], env=ENV, cwd=ROOT, timeout=60, capture_output=True, text=True)
     assert no_cmd.returncode == 2 and "no command given" in no_cmd.stderr
@@ -40,7 +43,7 @@ def test_guard_kills_the_command_once_its_parent_is_gone():
     # parent -> guard -> sleeper; the sleeper prints its pid; SIGKILL the parent (no hooks run)
     parent_code = textwrap.dedent("""
         import subprocess, sys
-        from scalerl_jax.rollout.processes import guarded
+        from scalerl_jax.rollout.fleet.processes import guarded
         sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
         subprocess.Popen(guarded([sys.executable, "-c", sleeper])).wait()
     """)
@@ -70,3 +73,8 @@ def test_free_port_and_log_tail(tmp_path):
     assert log_tail(log) == ""
     log.write_text("a" * 10 + "END")
     assert log_tail(log, max_chars=5) == "aaEND" and log_tail(log) == "a" * 10 + "END"
+
+
+def test_the_children_start_from_the_package_parent():
+    """The servers and the guard run ``python -m scalerl_jax...`` with this directory as cwd and on PYTHONPATH."""
+    assert PACKAGE_PARENT == ROOT and (PACKAGE_PARENT / "scalerl_jax" / "serve.py").is_file()

@@ -1,5 +1,5 @@
-"""scalerl_jax/rollout/remote.py without servers: reseeding goes through the client's public reseed, device counts
-(given, the fleet's, the client's), and the metrics' names. The weight push over
+"""scalerl_jax/rollout/client/remote.py without servers: reseeding goes through the client's public reseed, device
+counts (given, the fleet's, the client's), and the metrics' names. The weight push over
 real servers is covered by test_sglang_client.py and test_fleet.py."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from scalerl_jax.models import tiny
+from scalerl_jax.rollout.client import RemoteGenerator, SGLangGenerator
 from scalerl_jax.rollout.length_rule import draw_budget
 from scalerl_jax.rollout.protocol import LengthControl
-from scalerl_jax.rollout.remote import RemoteGenerator
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
 
 DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port: the few calls made fail at once
 

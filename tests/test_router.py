@@ -18,8 +18,8 @@ import pytest
 import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
 
 from scalerl_jax.models import init_params, tiny
+from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
 from tests.servers import (
     assert_greedy_against_model,
     free_port,

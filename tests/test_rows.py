@@ -1,4 +1,4 @@
-"""scalerl_jax/rollout/rows.py: request validation (each bad field named), the per-slot host arrays (a row's
+"""scalerl_jax/rollout/engine/rows.py: request validation (each bad field named), the per-slot host arrays (a row's
 constants and initial state, right-aligned think-end windows kept right-aligned when the arrays grow), and the
 submission handle."""
 
@@ -9,9 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout.length_rule import NO_BUDGET, PH_FREE, PH_THINK
-from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.rows import (
+from scalerl_jax.rollout.engine.rows import (
     Row,
     Submission,
     copy_slots,
@@ -20,6 +18,8 @@ from scalerl_jax.rollout.rows import (
     fill_slot,
     validate_requests,
 )
+from scalerl_jax.rollout.length_rule import NO_BUDGET, PH_FREE, PH_THINK
+from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
 
 LC = LengthControl(think_end_ids=(5, 6), interruption_ids=(9,), budget_lo=2, budget_hi=4, answer_budget=3)
 

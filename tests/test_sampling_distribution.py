@@ -29,8 +29,8 @@ import pytest
 
 from scalerl_jax.models import forward, init_params, tiny
 from scalerl_jax.rollout.engine import JaxEngine
+from scalerl_jax.rollout.engine.sampling import sample_tokens, top_p_mask
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
-from scalerl_jax.rollout.sampling import sample_tokens, top_p_mask
 
 DELTA = 1e-6  # per-check false-failure probability of tv_bound
 

@@ -1,4 +1,4 @@
-"""scalerl_jax/rollout/server_wire.py as pure functions: /generate bodies parsed into requests (batches, rids,
+"""scalerl_jax/rollout/server/wire.py as pure functions: /generate bodies parsed into requests (batches, rids,
 sampling fields, length control and its budget check), control bodies, and the response's fields. The served
 routes are covered by test_server.py and test_sglang_api_fields.py."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion
-from scalerl_jax.rollout.server_wire import (
+from scalerl_jax.rollout.server.wire import (
     BadRequest,
     completion_to_sglang,
     finish_reason_json,

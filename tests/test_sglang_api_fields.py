@@ -25,9 +25,9 @@ import jax
 import pytest
 
 from scalerl_jax.models import init_params, load_hf_checkpoint, tiny
+from scalerl_jax.rollout.client import SGLangGenerator
+from scalerl_jax.rollout.client.wire import ServerCaps, devices_from_server_info, generate_payload, parse_release
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.sglang_client import SGLangGenerator
-from scalerl_jax.rollout.sglang_wire import ServerCaps, devices_from_server_info, generate_payload, parse_release
 from tests.servers import (
     ReleaseProxy,
     assert_greedy_against_model,

@@ -14,10 +14,9 @@ import httpx
 import pytest
 
 from scalerl_jax.models import tiny
+from scalerl_jax.rollout.client import GenerationError, RemoteGenerator, SGLangGenerator, WeightVersionMismatch
+from scalerl_jax.rollout.client.wire import BadResponse, generate_payload, parse_sample
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
-from scalerl_jax.rollout.remote import RemoteGenerator
-from scalerl_jax.rollout.sglang_client import GenerationError, SGLangGenerator, WeightVersionMismatch
-from scalerl_jax.rollout.sglang_wire import BadResponse, generate_payload, parse_sample
 from tests.servers import ReleaseProxy, free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
@@ -435,7 +434,7 @@ def test_payloads_validate_against_sglang_dataclasses():
     SGSamplingParams(**body["sampling_params"]).verify(vocab_size=17)
     import sglang
 
-    from scalerl_jax.rollout.sglang_wire import ServerCaps, parse_release
+    from scalerl_jax.rollout.client.wire import ServerCaps, parse_release
 
     caps = ServerCaps("http://x", version=sglang.__version__, release=parse_release(sglang.__version__))
     with SGLangGenerator("http://127.0.0.1:9") as gen:

@@ -10,11 +10,18 @@ from pathlib import Path
 import pytest
 
 from scalerl_jax.config import completion_budget_error
-from scalerl_jax.rollout import length_rule, server_wire, sglang_wire
+from scalerl_jax.rollout import length_rule
 from scalerl_jax.rollout import wire_schema as ws
+from scalerl_jax.rollout.client import wire as sglang_wire
+from scalerl_jax.rollout.server import wire as server_wire
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLLOUT = sorted((ROOT / "scalerl_jax" / "rollout").glob("*.py")) + [ROOT / "scalerl_jax" / "serve.py"]
+ROLLOUT = sorted((ROOT / "scalerl_jax" / "rollout").rglob("*.py")) + [ROOT / "scalerl_jax" / "serve.py"]
+
+
+def _name(path: Path) -> str:
+    """``path`` under scalerl_jax/ (so that ``rollout/server/wire.py`` and ``rollout/client/wire.py`` differ)."""
+    return path.relative_to(ROOT / "scalerl_jax").as_posix()
 
 
 def _code_strings(path: Path) -> list[str]:
@@ -39,7 +46,7 @@ def _definitions(name: str) -> list[str]:
                        [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
                        if isinstance(node, ast.Assign) else [])
             if name in targets:
-                out.append(path.name)
+                out.append(_name(path))
     return out
 
 
@@ -47,7 +54,8 @@ def test_routes_and_extension_names_are_written_only_in_wire_schema():
     routes = {ws.GENERATE, ws.UPDATE_WEIGHTS, ws.PAUSE, ws.CONTINUE, ws.ABORT, ws.WEIGHT_VERSION, ws.HEALTH,
               ws.MODEL_INFO, ws.SERVER_INFO, ws.SERVER_INFO_ALIAS, ws.STATS, *ws.ROUTER_WORKERS}
     names = {*ws.EXTENSIONS, *ws.LENGTH_FIELDS, ws.EXTENSIONS_KEY}  # ("device_count" is also a method name)
-    found = {p.name: sorted((routes | names) & set(_code_strings(p))) for p in ROLLOUT if p.name != "wire_schema.py"}
+    found = {_name(p): sorted((routes | names) & set(_code_strings(p))) for p in ROLLOUT
+             if _name(p) != "rollout/wire_schema.py"}
     assert {k: v for k, v in found.items() if v} == {}
 
 

@@ -1,7 +1,7 @@
 """Interruption length control's rule (RECIPE.md section 4), written once for both places that apply it: the
-embedded engine's decode step (:mod:`scalerl_jax.rollout.decode`, over ``jax.numpy`` arrays of slots, under jit)
+embedded engine's decode step (:mod:`scalerl_jax.rollout.engine.decode`, over ``jax.numpy`` arrays of slots, under jit)
 and the client's interruption for servers that do not do it (:meth:`SGLangGenerator._client_interruption
-<scalerl_jax.rollout.sglang_client.SGLangGenerator._client_interruption>`, over NumPy arrays of one sample's
+<scalerl_jax.rollout.client.sglang.SGLangGenerator._client_interruption>`, over NumPy arrays of one sample's
 positions, :func:`think_outcome`).
 
 The per-row state machine::

@@ -5,7 +5,7 @@ per prompt, optional interruption length control) and receives, per request, ``n
 carrying token ids, per-token float32 log-probs under the sampling distribution (FP32 head), the policy
 version that produced each token, which tokens were injected by length control, a finish reason and
 timing. Back-ends: :mod:`scalerl_jax.rollout.engine` (in process) and
-:mod:`scalerl_jax.rollout.sglang_client` (SGLang-API servers over HTTP).
+:mod:`scalerl_jax.rollout.client.sglang` (SGLang-API servers over HTTP).
 """
 
 from __future__ import annotations

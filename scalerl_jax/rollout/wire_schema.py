@@ -1,6 +1,6 @@
-"""The names both sides of the SGLang API agree on, written once: our server (:mod:`.server`,
-:mod:`.server_wire`), the client (:mod:`.sglang_client`, :mod:`.sglang_wire`, :mod:`.sglang_weights`) and the
-local fleet (:mod:`.fleet`) import them from here.
+"""The names both sides of the SGLang API agree on, written once: our server (:mod:`.server.app`,
+:mod:`.server.wire`), the client (:mod:`.client.sglang`, :mod:`.client.wire`, :mod:`.client.weights`) and the
+local fleet (:mod:`.fleet.local`) import them from here.
 
 - routes: SGLang's native routes we serve or call, and ours (``/stats``);
 - ``/pause_generation`` modes (:data:`PAUSE_MODES`);

@@ -1,6 +1,7 @@
 """Embedded JAX generation engine: continuous batching over a slot KV cache, chunked decode, in-flight weight
 updates, interruption length control. This module is the host-side scheduler; the jitted prefill and decode are in
-:mod:`scalerl_jax.rollout.decode`, submissions, rows and the per-slot host arrays in :mod:`scalerl_jax.rollout.rows`.
+:mod:`scalerl_jax.rollout.engine.decode`, submissions, rows and the per-slot host arrays in
+:mod:`scalerl_jax.rollout.engine.rows`.
 
 Scheduler (continuous batching). The engine owns ``B`` row *slots* (a power-of-two bucket, at least 8, at most
 ``max_batch``), one KV cache ``{"k", "v"}: [L, B, K, S, Dh]`` and per-slot constants (sampling parameters,
@@ -18,7 +19,7 @@ thinking budgets and per-row sampling keys are drawn, and the rows queue FIFO. W
    buckets only) and their K/V scattered into their slots.
    The last prompt token becomes the row's *pending* token.
 3. Decode one chunk: one jitted call runs ``decode_chunk`` steps under ``lax.scan`` over all B slots
-   (:mod:`scalerl_jax.rollout.decode`: a step feeds each row's pending token, chooses the next and advances the
+   (:mod:`scalerl_jax.rollout.engine.decode`: a step feeds each row's pending token, chooses the next and advances the
    row's interruption state machine). Finished and empty slots keep running (static shapes) but emit nothing.
 4. Harvest: the chunk's tokens go to per-slot host buffers; finished rows become Completions and free their
    slots; a submission whose rows are all done completes (its ``on_done`` callback runs on this thread).
@@ -31,7 +32,7 @@ the decode step that feeds it before any query can attend to it.
 :meth:`JaxEngine.generate` (blocking; the trainer's in-process path) is ``submit`` followed by ``step`` until
 that submission is done: the same scheduler, so requests submitted from other threads meanwhile share the
 batch. A server instead runs one driver thread that calls ``step`` while :meth:`JaxEngine.has_work` (see
-:class:`scalerl_jax.rollout.server.EngineDriver`): requests arriving while a batch runs join it at the next
+:class:`scalerl_jax.rollout.engine.driver.EngineDriver`): requests arriving while a batch runs join it at the next
 chunk boundary. :meth:`JaxEngine.abort` finishes every row submitted so far with finish reason "abort" at the
 next chunk boundary; running rows keep the tokens they already generated.
 
@@ -68,10 +69,8 @@ from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import init_cache, param_shapes
 from scalerl_jax.models.layers import dtype as to_dtype
 from scalerl_jax.models.params import Params
-from scalerl_jax.rollout.decode import FINISH_NAMES, decode_chunk_jit, prefill_kv_jit, scatter_rows_jit
-from scalerl_jax.rollout.length_rule import draw_budget
-from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest
-from scalerl_jax.rollout.rows import (
+from scalerl_jax.rollout.engine.decode import FINISH_NAMES, decode_chunk_jit, prefill_kv_jit, scatter_rows_jit
+from scalerl_jax.rollout.engine.rows import (
     Row,
     Submission,
     copy_slots,
@@ -81,6 +80,8 @@ from scalerl_jax.rollout.rows import (
     slot_completion,
     validate_requests,
 )
+from scalerl_jax.rollout.length_rule import draw_budget
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +237,9 @@ class JaxEngine:
     def submit(self, requests: Sequence[GenerationRequest],
                on_done: Callable[[Submission], None] | None = None, *, checked: bool = False) -> Submission:
         """Queue ``requests`` for generation and return at once (thread-safe); ValueError on a bad request
-        (:func:`~scalerl_jax.rollout.rows.validate_requests`; ``checked``: the caller has checked them against this
-        engine's vocabulary and ``max_len`` already, as the server's :func:`.server_wire.parse_generate_body` does).
+        (:func:`~scalerl_jax.rollout.engine.rows.validate_requests`; ``checked``: the caller has checked them against
+        this engine's vocabulary and ``max_len`` already, as the server's
+        :func:`~scalerl_jax.rollout.server.wire.parse_generate_body` does).
 
         The rows join the running batch at the next decode-chunk boundary of whichever thread calls
         :meth:`step` (someone must: :meth:`drive` does it until this submission is done, a server's driver thread

@@ -1,5 +1,5 @@
 """Weight pushes to SGLang-API servers, confirmed worker by worker: the part of
-:class:`~scalerl_jax.rollout.sglang_client.SGLangGenerator` that updates weights in flight and knows which version
+:class:`~scalerl_jax.rollout.client.sglang.SGLangGenerator` that updates weights in flight and knows which version
 each worker really holds.
 
 A push (:meth:`WeightUpdates.update_weights`) goes to every control target: the workers (a router URL expanded into
@@ -47,7 +47,7 @@ class WeightVersionMismatch(GenerationError):
 
 
 class WeightUpdates:
-    """Mixin of :class:`~scalerl_jax.rollout.sglang_client.SGLangGenerator`: weight pushes, per-worker versions and
+    """Mixin of :class:`~scalerl_jax.rollout.client.sglang.SGLangGenerator`: weight pushes, per-worker versions and
     the fleet's devices. It uses the client's ``urls``, ``control_urls``, ``timeout_s``, ``pause_mode``,
     ``dead_cooldown_s``, ``_http``, ``_lock``, ``_version``, ``_updating``, ``_update_epoch``, ``_routers``,
     ``router_workers``, ``server_caps``, ``_get_json`` and ``_mark_dead``; :meth:`_init_weights` sets its own state.
@@ -255,7 +255,7 @@ class WeightUpdates:
 
     def device_count(self) -> int:
         """Accelerator devices the fleet generates on: the sum over servers (routers expanded into their workers)
-        of what each reports in ``/get_server_info`` (see :func:`.sglang_wire.devices_from_server_info`); a server
+        of what each reports in ``/get_server_info`` (see :func:`.wire_schema.devices_from_server_info`); a server
         that cannot be asked, or reports nothing usable, counts as 1."""
         total = 0
         for url in self._control_targets():

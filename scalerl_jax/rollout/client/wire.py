@@ -1,4 +1,4 @@
-"""SGLang's native HTTP API as :mod:`scalerl_jax.rollout.sglang_client` speaks it to every release: the request
+"""SGLang's native HTTP API as :mod:`scalerl_jax.rollout.client.sglang` speaks it to every release: the request
 bodies it sends, the ``/generate`` responses it reads, and what a server is (release, capabilities, devices). Pure
 functions over JSON; the HTTP calls, retries, failover and weight updates are the client's.
 

@@ -15,11 +15,12 @@ exception (context manager), on SIGINT and SIGTERM (handlers installed on first 
 stop every live fleet and then chain to the previous handler, or die of the signal as the default would),
 and at interpreter exit (atexit). A parent that is SIGKILLed runs none of these, so the children watch their
 parent themselves: servers get ``--parent-pid`` (a watchdog thread in :mod:`scalerl_jax.serve`), and the
-router, a separate binary, runs under a small guard process (``python -m scalerl_jax.rollout.processes --guard
+router, a separate binary, runs under a small guard process (``python -m scalerl_jax.rollout.fleet.guard --guard
 PPID -- CMD``) that kills it once the experiment is gone. Both poll ``os.getppid()`` every 0.5 s instead
 of using ``prctl(PR_SET_PDEATHSIG)``: that signal fires when the *thread* that forked the child exits, which
 would kill servers started from a short-lived thread. The process plumbing (spawning, process groups, the
-signal and atexit hooks, the guard) is in :mod:`scalerl_jax.rollout.processes`.
+signal and atexit hooks) is in :mod:`scalerl_jax.rollout.fleet.processes`, the guard in
+:mod:`scalerl_jax.rollout.fleet.guard`.
 
 Faults. With ``restart_dead=True`` a monitor thread notices a server process that died and restarts it on
 the same port with the newest weights given to :meth:`set_current_weights`; if newer weights arrive while it
@@ -60,7 +61,7 @@ from typing import Any, Self
 import httpx
 
 from scalerl_jax.rollout import wire_schema as ws
-from scalerl_jax.rollout.processes import (
+from scalerl_jax.rollout.fleet.processes import (
     PACKAGE_PARENT,
     WATCH_INTERVAL_S,
     Child,

@@ -3,7 +3,7 @@
 A :class:`Submission` (the handle one ``JaxEngine.submit`` call returns) expands into :class:`Row` s, one per
 sample, once :func:`validate_requests` has checked its requests against the engine's vocabulary and ``max_len``.
 A row is written into one slot of the per-slot host arrays that mirror what the jitted decode step reads
-(:mod:`scalerl_jax.rollout.decode`): :func:`empty_slots` makes B empty (done) slots, :func:`copy_slots` carries
+(:mod:`scalerl_jax.rollout.engine.decode`): :func:`empty_slots` makes B empty (done) slots, :func:`copy_slots` carries
 them into larger arrays when B, S or an id width grows (zero padding; the think-end window stays right-aligned: it is
 matched against the newest tokens), :func:`fill_slot` writes a row's constants and initial decode state into its
 slot (every field: slots are reused). A finished row becomes a :class:`Completion` (:func:`slot_completion`, or

@@ -10,15 +10,15 @@ would) and at interpreter exit (atexit). A stop on the main thread runs under :f
 arriving meanwhile (a second Ctrl-C) is acted on after it, not half-way through it.
 
 A parent that is SIGKILLed runs none of these hooks. A command that cannot watch its parent itself (the router, a
-separate binary) therefore runs under the guard, ``python -m scalerl_jax.rollout.processes --guard PPID -- CMD``
-(:func:`guarded` builds that command line): it polls ``os.getppid()`` every ``WATCH_INTERVAL_S`` and kills the
-command once the experiment is gone. Polling, not ``prctl(PR_SET_PDEATHSIG)``: that signal fires when the
-*thread* that forked the child exits, which would kill children started from a short-lived thread.
+separate binary) therefore runs under the guard, ``python -m scalerl_jax.rollout.fleet.guard --guard PPID -- CMD``
+(:mod:`scalerl_jax.rollout.fleet.guard`; :func:`guarded` builds that command line): it polls ``os.getppid()``
+every ``WATCH_INTERVAL_S`` and kills the command once the experiment is gone. Polling, not
+``prctl(PR_SET_PDEATHSIG)``: that signal fires when the *thread* that forked the child exits, which would kill
+children started from a short-lived thread.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import importlib.metadata
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # makes ``-m scalerl_jax.serve`` importable from any cwd
+PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # makes ``-m scalerl_jax.serve`` importable from any cwd
 WATCH_INTERVAL_S = 0.5
+GUARD_MODULE = "scalerl_jax.rollout.fleet.guard"  # run by :func:`guarded`; nothing imports it
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -213,58 +214,9 @@ def signals_deferred() -> Iterator[None]:
         _chain(signum, None)
 
 
-# ---- the guard: runs a command and kills it once the experiment process is gone --------------------------
+# ---- the guard's command line (the guard itself: :mod:`scalerl_jax.rollout.fleet.guard`) -----------------
 
 
 def guarded(cmd: Sequence[str]) -> list[str]:
-    """``cmd`` run under the guard (:func:`guard_main`): it is killed once this process is gone."""
-    return [sys.executable, "-m", "scalerl_jax.rollout.processes", "--guard", str(os.getpid()), "--", *cmd]
-
-
-def guard_main(parent_pid: int, cmd: Sequence[str], interval_s: float = WATCH_INTERVAL_S) -> int:
-    """Run ``cmd`` (in our process group); stop it when ``parent_pid`` stops being our parent; forward SIGTERM.
-
-    Returns the command's exit status (``128 + signal`` when a signal ended it).
-    """
-    if os.getppid() != parent_pid:
-        return 3
-    child = subprocess.Popen(list(cmd))
-
-    def forward(signum: int, frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    while True:
-        try:
-            rc = child.wait(timeout=interval_s)
-            return rc if rc >= 0 else 128 - rc
-        except subprocess.TimeoutExpired:
-            pass
-        if os.getppid() != parent_pid:
-            print(f"[guard] parent process {parent_pid} is gone: stopping {cmd[0]}", file=sys.stderr, flush=True)
-            child.terminate()
-            try:
-                child.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            return 3
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scalerl_jax.rollout.processes --guard PARENT_PID -- CMD ...`` (used for the router)."""
-    p = argparse.ArgumentParser(prog="python -m scalerl_jax.rollout.processes")
-    p.add_argument("--guard", type=int, required=True, metavar="PARENT_PID",
-                   help="run CMD and kill it once PARENT_PID is no longer this process's parent")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        p.error("no command given after --")
-    return guard_main(args.guard, cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """``cmd`` run under the guard (:mod:`scalerl_jax.rollout.fleet.guard`): it is killed once this process is gone."""
+    return [sys.executable, "-m", GUARD_MODULE, "--guard", str(os.getpid()), "--", *cmd]

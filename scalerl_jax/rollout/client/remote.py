@@ -5,12 +5,12 @@ The trainer hands every back-end the same thing, a params pytree and its version
 SGLang servers need. :meth:`RemoteGenerator.update_weights` writes the params as an HF checkpoint directory
 (safetensors + config.json + the base model's tokenizer files) under ``export_dir/v<version>``, then has the
 client push it to every server in flight (``pause_generation(in_place)`` -> ``update_weights_from_disk`` ->
-``continue_generation``, see :mod:`scalerl_jax.rollout.sglang_client`). Only the newest ``keep`` exports are kept;
+``continue_generation``, see :mod:`scalerl_jax.rollout.client.sglang`). Only the newest ``keep`` exports are kept;
 a local fleet (:class:`~scalerl_jax.rollout.fleet.LocalFleet`) is told the newest one before the push, so that a
 server it restarts meanwhile comes back with current weights, and its worker list is where control calls go (so a
 push does not depend on its router being up). Pushing the version this object pushed last is a no-op, so the train
 and eval sides can share one fleet. A failed push is retried once. The client confirms every push worker by
-worker (the version each reports must be the one pushed, see :mod:`scalerl_jax.rollout.sglang_weights`); a
+worker (the version each reports must be the one pushed, see :mod:`scalerl_jax.rollout.client.weights`); a
 worker it could not reach keeps its older version, which its tokens then carry, and is logged here. The first
 push of a run (also after ``--resume``) logs the version every worker reports.
 
@@ -33,7 +33,7 @@ from scalerl_jax.rollout.protocol import Completion, GenerationRequest
 
 
 class RemoteGenerator:
-    """Generator protocol over an :class:`~scalerl_jax.rollout.sglang_client.SGLangGenerator` (see the module
+    """Generator protocol over an :class:`~scalerl_jax.rollout.client.sglang.SGLangGenerator` (see the module
     docstring). ``dtype``: the exported checkpoint's tensor dtype ("float32" keeps the generator's log-probs equal
     to the trainer's on our CPU servers; "bfloat16" is what SGLang serves at scale)."""
 

@@ -1,13 +1,13 @@
 """An SGLang-API HTTP server (FastAPI + uvicorn) for the embedded :class:`~scalerl_jax.rollout.engine.JaxEngine`.
 
 It speaks the subset of SGLang's native API that RL trainers use, with SGLang's field names, so that the
-same client (:mod:`scalerl_jax.rollout.sglang_client`) and ``sglang-router`` work with it and with real
+same client (:mod:`scalerl_jax.rollout.client.sglang`) and ``sglang-router`` work with it and with real
 SGLang servers. Launch: ``python -m scalerl_jax.serve --preset tiny --port 30000`` (see ``--help``).
 
-Here are the engine driver (:class:`EngineDriver`, the thread that runs the engine's scheduler, with pause and
-continue), the route handlers (module-level; they find the engine and driver in ``app.state.server``) and
-:func:`create_app`, which wires them; the wire format they speak, request bodies parsed and responses built
-(every field of ``/generate``, what is refused, our extension fields), is :mod:`scalerl_jax.rollout.server_wire`.
+Here are the route handlers (module-level; they find the engine and its driver, the thread that runs the engine's
+scheduler with pause and continue (:class:`~scalerl_jax.rollout.engine.EngineDriver`), in ``app.state.server``)
+and :func:`create_app`, which wires them; the wire format they speak, request bodies parsed and responses built
+(every field of ``/generate``, what is refused, our extension fields), is :mod:`scalerl_jax.rollout.server.wire`.
 
 Routes:
 
@@ -48,7 +48,7 @@ background thread drives chunk by chunk; requests arriving while a batch runs jo
 boundary, up to ``max_batch`` rows (beyond that they wait for free slots). ``/stats`` shows it happening
 (``admitted_mid_batch``, ``max_running_rows``, ``running_rows``). Bad requests (empty or
 out-of-vocabulary ids, negative ``max_new_tokens``, wrong types, malformed JSON, too long for the engine)
-get HTTP 400 with SGLang's error body (:func:`~scalerl_jax.rollout.server_wire.error_response`).
+get HTTP 400 with SGLang's error body (:func:`~scalerl_jax.rollout.server.wire.error_response`).
 """
 
 from __future__ import annotations
@@ -57,9 +57,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,9 +66,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from scalerl_jax.rollout import wire_schema as ws
-from scalerl_jax.rollout.engine import JaxEngine
-from scalerl_jax.rollout.protocol import GenerationRequest
-from scalerl_jax.rollout.server_wire import (
+from scalerl_jax.rollout.engine import EngineDriver, JaxEngine
+from scalerl_jax.rollout.server.wire import (
     BadRequest,
     completion_to_sglang,
     error_response,
@@ -81,208 +78,6 @@ from scalerl_jax.rollout.server_wire import (
 )
 
 log = logging.getLogger(__name__)
-
-
-
-# ---- the batching driver -------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Job:
-    requests: list[GenerationRequest]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    t_submit: float = field(default_factory=time.time)
-
-
-class EngineDriver:
-    """Runs the engine's continuous-batching scheduler on a background thread; implements pause and continue.
-
-    Every HTTP job goes straight to :meth:`JaxEngine.submit`; the driver thread calls :meth:`JaxEngine.step`
-    while the engine has work, so a job arriving while others run joins their batch at the next decode-chunk
-    boundary (up to ``max_batch`` rows; beyond that its rows wait for free slots). When the engine is idle the
-    first step waits until requests have stopped arriving for ``batch_wait_s`` (at most ``10 * batch_wait_s``),
-    so that a burst of concurrent requests starts as one batch.
-
-    Pause in place (and retract) parks the driver thread in the engine's ``chunk_hook`` (called between decode
-    chunks), so running rows keep their KV cache and resume where they stopped; weights installed meanwhile are
-    picked up at the next chunk; new jobs wait. Pause abort finishes every running and queued job at once with
-    finish reason abort (running rows keep the tokens they already generated, as SGLang does).
-    """
-
-    def __init__(self, engine: JaxEngine, *, batch_wait_s: float = 0.02, chunk_delay_s: float = 0.0):
-        self.engine = engine
-        self.batch_wait_s = batch_wait_s
-        self.chunk_delay_s = chunk_delay_s  # testing aid: slows generation down so that tests can act mid-batch
-        self._cond = threading.Condition()
-        self._paused = False
-        self._aborting = False  # pause(abort) in progress: the chunk hook must not park
-        self._halted = False  # the driver thread is parked in the chunk hook
-        self._in_step = False  # the driver thread is inside engine.step()
-        self._jobs: dict[int, _Job] = {}  # unfinished jobs (running or waiting for slots)
-        self._last_submit = 0.0  # time.monotonic() of the newest job
-        self._stop = False
-        # engine_batches: jobs the engine finished (each HTTP job is one engine submission that joins the running
-        # batch); aborted_requests: prompts answered with abort; the rest are the engine's scheduler counters
-        self.stats = {"generate_requests": 0, "prompts": 0, "samples": 0, "engine_batches": 0, "completion_tokens": 0,
-                      "aborted_requests": 0, "bad_requests": 0}
-        self._sync_stats()
-        self.events: deque[dict[str, Any]] = deque(maxlen=200)
-        engine.chunk_hook = self._chunk_hook
-        self._thread = threading.Thread(target=self._loop, name="engine-driver", daemon=True)
-        self._thread.start()
-
-    # -- called from the event loop --
-
-    def submit(self, requests: list[GenerationRequest], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-        """Hand ``requests`` to the engine; the future resolves to ``n`` completions per request."""
-        fut = loop.create_future()
-        job = _Job(requests, fut, loop)
-        with self._cond:
-            self.stats["generate_requests"] += 1
-            self.stats["prompts"] += len(requests)
-            self.stats["samples"] += sum(r.params.n for r in requests)
-            self._jobs[id(job)] = job
-            self._last_submit = time.monotonic()
-        try:
-            # parse_generate_body checked them against the engine's vocabulary and max_len
-            self.engine.submit(requests, on_done=lambda sub: self._job_done(job, sub), checked=True)
-        except ValueError as e:
-            with self._cond:
-                self._jobs.pop(id(job), None)
-            raise BadRequest(str(e)) from e
-        with self._cond:
-            self._cond.notify_all()
-        return fut
-
-    def event(self, name: str, **kw: Any) -> None:
-        with self._cond:
-            self.events.append({"t": time.time(), "event": name, "in_flight": len(self._jobs),
-                                "halted": self._halted, **kw})
-
-    def pause(self, mode: str, timeout_s: float = 60.0) -> int:
-        """Pause; returns the number of requests (prompts) held (in place) or aborted."""
-        with self._cond:
-            self._paused = True
-            n = sum(len(j.requests) for j in self._jobs.values())
-            if mode == "abort":
-                self._aborting = True
-                self._cond.notify_all()
-            else:
-                deadline = time.monotonic() + timeout_s
-                while self._in_step and not self._halted and time.monotonic() < deadline:
-                    self._cond.wait(0.05)
-        if mode == "abort":
-            try:
-                self.engine.abort()  # at once, or after the chunk in flight; the on_done callbacks answer the jobs
-            finally:
-                with self._cond:
-                    self._aborting = False
-        return n
-
-    def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def shutdown(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._paused = False
-            self._cond.notify_all()
-
-    # -- driver thread --
-
-    def _sync_stats(self) -> None:
-        """Copy the engine's scheduler counters into ``stats`` (caller holds ``_cond``)."""
-        c = self.engine.counters()
-        for k in ("decode_chunks", "admitted_rows", "admitted_mid_batch", "max_running_rows", "running_rows",
-                  "waiting_rows", "batch_slots", "busy_periods"):
-            self.stats[k] = c[k]
-
-    def _job_done(self, job: _Job, sub: Any) -> None:
-        """Engine callback (on the stepping or aborting thread): answer the job's HTTP call."""
-        with self._cond:
-            self._jobs.pop(id(job), None)
-            if sub.error is None:
-                comps = [c for cs in sub.results for c in cs]
-                self.stats["completion_tokens"] += sum(len(c.token_ids) for c in comps)
-                if any(c.finish_reason == "abort" for c in comps):
-                    self.stats["aborted_requests"] += len(job.requests)
-                else:
-                    self.stats["engine_batches"] += 1
-            self._sync_stats()
-            self._cond.notify_all()
-        try:
-            if sub.error is not None:
-                job.loop.call_soon_threadsafe(_set_exc, job.future, sub.error)
-            else:
-                job.loop.call_soon_threadsafe(_set_result, job.future, sub.results)
-        except RuntimeError:  # the event loop is closed: the server is shutting down
-            pass
-
-    def _chunk_hook(self, chunk_index: int) -> None:
-        if self.chunk_delay_s:
-            time.sleep(self.chunk_delay_s)
-        with self._cond:
-            self._sync_stats()
-            while self._paused and not self._aborting and not self._stop:
-                self._halted = True
-                self._cond.notify_all()
-                self._cond.wait(0.1)
-            self._halted = False
-
-    def _collect_burst(self) -> None:
-        """Idle engine: wait until no request has arrived for ``batch_wait_s`` (at most 10 x that), so that a burst
-        of concurrent requests starts as one batch instead of trickling in one decode chunk at a time."""
-        deadline = time.monotonic() + 10 * self.batch_wait_s
-        while True:
-            with self._cond:
-                quiet_at = self._last_submit + self.batch_wait_s
-            now = time.monotonic()
-            if now >= quiet_at or now >= deadline:
-                return
-            time.sleep(min(quiet_at, deadline) - now)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stop and (self._paused or not self.engine.has_work()):
-                    self._cond.wait(0.05)
-                if self._stop:
-                    return
-                self._in_step = True
-            if self.batch_wait_s and self.engine.running_rows == 0:
-                self._collect_burst()
-            try:
-                self.engine.step()
-            except Exception:  # the engine failed its submissions (they answer HTTP 500): keep serving
-                log.exception("engine step failed")
-            finally:
-                with self._cond:
-                    self._in_step = False
-                    self._sync_stats()
-                    self._cond.notify_all()
-
-
-def _set_result(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exc(fut: asyncio.Future, e: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(e)
-
-
-# ---- the app ---------------------------------------------------------------------------------------------
 
 
 def engine_device_count(engine: JaxEngine) -> int:
@@ -371,7 +166,11 @@ async def _generate(request: Request):
     t0 = time.time()
     st.in_flight += len(reqs)
     try:
-        comps = await st.driver.submit(reqs, asyncio.get_running_loop())
+        try:
+            fut = st.driver.submit(reqs, asyncio.get_running_loop())
+        except ValueError as e:  # the engine refused them
+            raise BadRequest(str(e)) from e
+        comps = await fut
     finally:
         st.in_flight -= len(reqs)
     e2e = time.time() - t0

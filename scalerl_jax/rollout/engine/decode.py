@@ -11,12 +11,12 @@ from the FP32 head (:func:`lm_logits`), chooses the next token and advances the 
 shapes) but emit nothing. The engine calls the module-level jits (``prefill_kv_jit``, ``scatter_rows_jit``,
 ``decode_chunk_jit``): engines over the same config share compiled code.
 
-Per-slot arrays (their host mirrors are laid out in :mod:`scalerl_jax.rollout.rows`): constants ``rows`` (sampling
-parameters, stop ids, length control, the PRNG key and the row's index in its submission) and decode state ``st``
-(pending token, position, tokens generated, done, phase, injection index, answer tokens, think-end window, finish
-reason).
+Per-slot arrays (their host mirrors are laid out in :mod:`scalerl_jax.rollout.engine.rows`): constants ``rows``
+(sampling parameters, stop ids, length control, the PRNG key and the row's index in its submission) and decode
+state ``st`` (pending token, position, tokens generated, done, phase, injection index, answer tokens, think-end
+window, finish reason).
 
-Log-probs (see :mod:`scalerl_jax.rollout.sampling`): ``log_softmax(logits / temperature)`` of the chosen
+Log-probs (see :mod:`scalerl_jax.rollout.engine.sampling`): ``log_softmax(logits / temperature)`` of the chosen
 token, before top-p truncation (for temperature 0: ``log_softmax(logits)``), i.e. exactly what the trainer
 recomputes with ``token_logprobs(..., temperature=temperature)``. Injected tokens record 0.0.
 
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import forward_cached, init_cache, lm_logits
 from scalerl_jax.models.params import Params
+from scalerl_jax.rollout.engine.sampling import sample_tokens
 from scalerl_jax.rollout.length_rule import (  # noqa: F401  (FIN_*, FINISH_NAMES, NO_BUDGET: re-exported)
     FIN_INTERRUPTED,
     FIN_LENGTH,
@@ -53,7 +54,6 @@ from scalerl_jax.rollout.length_rule import (  # noqa: F401  (FIN_*, FINISH_NAME
     think_end_matches,
     think_events,
 )
-from scalerl_jax.rollout.sampling import sample_tokens
 
 
 def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):

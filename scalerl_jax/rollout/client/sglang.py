@@ -5,7 +5,7 @@
 sends one ``POST /generate`` per :class:`GenerationRequest` (``n`` samples in ``sampling_params.n``), many at
 once from a thread pool, and maps each response into :class:`Completion` s. The wire format (request bodies,
 the reading of responses from every release, server releases and capabilities) is
-:mod:`scalerl_jax.rollout.sglang_wire`; here are the calls, the retries, the fleet and the weight updates.
+:mod:`scalerl_jax.rollout.client.wire`; here are the calls, the retries, the fleet and the weight updates.
 
 Reliability: every request is a job that completes exactly once. A failed attempt (connection error, timeout,
 HTTP 5xx, a malformed body, or an ``abort`` finish when ``retry_aborted``) is retried with exponential back-off
@@ -20,7 +20,7 @@ and ours pause in ``pause_mode``, ``in_place`` by default; older releases abort 
 URL is expanded into its workers first (``GET /workers``, or older routers' ``GET /list_workers``):
 ``sglang-router`` does not forward these control routes. Each worker's version is then confirmed (re-pushed once,
 else :class:`WeightVersionMismatch`); the client tags tokens with the version their worker really holds, and brings
-a worker that missed a push up to date before the next ``generate`` (:mod:`scalerl_jax.rollout.sglang_weights`).
+a worker that missed a push up to date before the next ``generate`` (:mod:`scalerl_jax.rollout.client.weights`).
 
 Interruption length control: our server does it in the engine (request field ``length_control``). Real SGLang does
 not know that field and ``sglang-router`` drops every field it does not know, so the client does it itself there, in
@@ -51,10 +51,8 @@ import httpx
 import numpy as np
 
 from scalerl_jax.rollout import wire_schema as ws
-from scalerl_jax.rollout.length_rule import FINISH_NAMES, PH_ANSWER, PH_FREE, draw_budget, stop_finish, think_outcome
-from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
-from scalerl_jax.rollout.sglang_weights import GenerationError, WeightUpdates, WeightVersionMismatch
-from scalerl_jax.rollout.sglang_wire import (
+from scalerl_jax.rollout.client.weights import GenerationError, WeightUpdates, WeightVersionMismatch
+from scalerl_jax.rollout.client.wire import (
     PAUSE_MODES,
     BadResponse,
     Sample,
@@ -63,6 +61,8 @@ from scalerl_jax.rollout.sglang_wire import (
     parse_sample,
     response_outputs,
 )
+from scalerl_jax.rollout.length_rule import FINISH_NAMES, PH_ANSWER, PH_FREE, draw_budget, stop_finish, think_outcome
+from scalerl_jax.rollout.protocol import INJECTED_VERSION, Completion, GenerationRequest, LengthControl
 
 __all__ = ["GenerationError", "SGLangGenerator", "WeightVersionMismatch"]
 

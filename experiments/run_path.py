@@ -40,7 +40,7 @@ from experiments.base_models import BaseModel, prepare_base
 from experiments.common import ExperimentPlan, write_report
 from experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
 from experiments.preflight import check_programs
-from scalerl_jax.config import ConfigError, ExperimentConfig, generator_model
+from scalerl_jax.config import ConfigError, ExperimentConfig, forecast_runs, generator_model
 
 R = dataclasses.replace
 
@@ -467,7 +467,7 @@ def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path 
     check_run_dir(run_dir, resume=resume, overwrite=overwrite, log=log)
     check_inputs(plan)
     live = None
-    if plan.exp.forecast.enabled:
+    if forecast_runs(plan.exp):
         from scalerl_jax.scaling.live import LiveForecast
 
         # started now, so that its start-up (JAX import, the sampler's compilation) overlaps the warm start and the

@@ -516,6 +516,19 @@ class ExperimentConfig:
     wandb_project: str | None = None  # also log every metrics row to this Weights & Biases project (--wandb-project)
 
 
+def planned_evals(train: TrainConfig) -> int:
+    """The evals a run of ``train.steps`` steps writes from step 0: the step-0 eval, one at every multiple of
+    ``eval_every`` and one at the last step when that is not a multiple."""
+    every = max(train.eval_every, 1)
+    return 1 + train.steps // every + (1 if train.steps % every else 0)
+
+
+def forecast_runs(exp: ExperimentConfig) -> bool:
+    """Whether a run of ``exp`` refits the law while it trains: the forecast is enabled and the run makes enough
+    evals for a refit (``forecast.min_evals``); a shorter run starts no refit process at all."""
+    return exp.forecast.enabled and planned_evals(exp.train) >= exp.forecast.min_evals
+
+
 def generator_model(exp: ExperimentConfig) -> ModelConfig:
     """The model config the generators run: the trainer's, with ``rollout.generator_dtype`` (unless "same") as
     compute and weight dtype. The head dtype is the trainer's (the FP32-head choice applies to both sides)."""

@@ -51,15 +51,20 @@ def test_the_trainer_writes_the_loop_timings(tmp_path):
     exp = R(plan.exp, model=small, out_dir=str(tmp_path / "run"),
             rollout=R(plan.exp.rollout, prompts_per_batch=4, group_size=4, k=2),
             train=R(plan.exp.train, steps=3, eval_every=2, eval_samples=1, checkpoint_every=100))
+    said = []
     trainer = build_trainer(R(plan, exp=exp), init_params(small, jax.random.key(0), std=0.5),
                             build_prompt_data("arith", val_size=8, seed=0), tok=CharTokenizer(),
-                            score=score, log=lambda s: None)
+                            score=score, log=said.append)
     try:
         trainer.run()
     finally:
         trainer.close()
-    train = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    train = [r for r in train if r["kind"] == "train"]
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    train = [r for r in rows if r["kind"] == "train"]
+    # evals at steps 0, 2 and 3 (the last): 3 < forecast.min_evals, so no refit process was started for it
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2, 3]
+    assert any("[forecast] off: this run makes 3 evals" in s for s in said), said
+    assert trainer.forecast is None
     assert [r["step"] for r in train] == [1, 2, 3]
     for r in train:
         parts = r["wait_seconds"] + r["batch_seconds"] + r["step_seconds"] + r["weight_sync_seconds"]

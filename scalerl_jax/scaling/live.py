@@ -194,6 +194,8 @@ class LiveForecast:
                 self.proc.stdin.close()
         except OSError:
             pass
+        if not self._started and not self.busy and self.proc.poll() is None:
+            self.proc.kill()  # asked for nothing: its start-up (JAX import, compiling) has no use, don't wait for it
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.config import ExperimentConfig, forecast_runs, planned_evals
 from scalerl_jax.data.curriculum import NPRCurriculum
 from scalerl_jax.data.pipeline import PromptData
 from scalerl_jax.distributed import Channel
@@ -281,7 +281,10 @@ class RLTrainer:
 
     def _start_forecast(self) -> None:
         fcfg = self.exp.forecast
-        if not fcfg.enabled and self.forecast is None:
+        if self.forecast is None and not forecast_runs(self.exp):
+            if fcfg.enabled:
+                self.log(f"[forecast] off: this run makes {planned_evals(self.tcfg)} evals and a refit needs "
+                         f"{fcfg.min_evals} (forecast.min_evals)")
             return  # (imported only here: the scaling package brings numpyro and matplotlib into the process)
         from scalerl_jax.scaling.forecast import StopRule
 

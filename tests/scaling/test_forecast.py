@@ -1,6 +1,7 @@
 """The live forecast: refits of a growing metrics.jsonl (warm-started), against a baseline, the stop rule, the
 refit process's protocol, and the history the report draws."""
 
+import dataclasses
 import json
 import sys
 import time
@@ -234,3 +235,18 @@ def test_refit_process_help():
     out = subprocess.run([sys.executable, "-m", "scalerl_jax.scaling.live", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "refit process" in out.stdout
+
+
+def test_planned_evals_and_a_run_too_short_for_a_refit():
+    from scalerl_jax.config import ExperimentConfig, ForecastConfig, TrainConfig, forecast_runs, planned_evals
+
+    # worked by hand: evals at step 0, every multiple of eval_every, and the last step
+    assert planned_evals(TrainConfig(steps=2, eval_every=100)) == 2  # 0, 2
+    assert planned_evals(TrainConfig(steps=48, eval_every=2)) == 25  # 0, 2, ..., 48
+    assert planned_evals(TrainConfig(steps=10, eval_every=4)) == 4  # 0, 4, 8, 10
+    assert planned_evals(TrainConfig(steps=8, eval_every=4)) == 3  # 0, 4, 8
+    exp = ExperimentConfig(train=TrainConfig(steps=10, eval_every=4))
+    assert not forecast_runs(exp)  # 4 evals < min_evals 5: no refit process is started
+    assert forecast_runs(dataclasses.replace(exp, forecast=ForecastConfig(min_evals=4)))
+    assert not forecast_runs(dataclasses.replace(exp, train=TrainConfig(steps=100, eval_every=4),
+                                                 forecast=ForecastConfig(enabled=False)))

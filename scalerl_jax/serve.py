@@ -116,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import uvicorn
 
+    from scalerl_jax.compile_cache import use_compile_cache
     from scalerl_jax.models import init_params
     from scalerl_jax.models.hf_io import CheckpointError, load_hf_checkpoint
     from scalerl_jax.models.presets import get_preset
     from scalerl_jax.rollout.engine import JaxEngine
     from scalerl_jax.rollout.server import ServerInfo, create_app
 
+    use_compile_cache(log=print)  # a restarted server loads its prefill and decode programs instead of compiling
     tokenizer = None
     tokenizer_path = None
     try:

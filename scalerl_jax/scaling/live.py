@@ -42,8 +42,9 @@ def worker_env() -> dict[str, str]:
                                                                      "JAX_PROCESS_ID"))}
     env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", XLA_FLAGS=WORKER_XLA_FLAGS, PYTHONUNBUFFERED="1")
     if not env.get("JAX_COMPILATION_CACHE_DIR"):
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalerl_jax" / "xla"
-        env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+        from scalerl_jax.compile_cache import cache_dir
+
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir())
     return env
 
 

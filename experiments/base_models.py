@@ -20,12 +20,19 @@ Presets that make their own (``ExperimentPlan.base_kind``):
 
 A warm start is reused when the run is resumed, or when ``warm_dir`` (shared by the leave-one-out variants of one
 seed) holds one made for the same settings (``warmstart_key.json``; a mismatch is refused, naming the fields).
+Across runs, every warm start a run makes is also kept in a cache by its key (:func:`warm_cache_dir`, default
+``~/.cache/scalerl_jax/warmstarts/<hash of the key and of the code that makes it>``), and a later run with the same
+key copies it instead of training it again (the seed is in the key: each seed has its own).
+``SCALERL_WARMSTART_CACHE=0`` turns the cache off; ``SCALERL_WARMSTART_CACHE=DIR`` moves it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,17 +94,87 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
                               and (ws_dir / "config.json").exists()):
         log(f"[base] reusing the warm start in {ws_dir}")
         return BaseModel(ws_dir, data_path)
+    if plan.base_kind not in ("char_arith", "char_mathcode", "char_chain", "word_arith"):
+        raise ConfigError(f"ExperimentPlan.base_kind: unknown {plan.base_kind!r}")
+    key = warm_start_key(plan)
+    cached = _cached_warm_start(key)
+    if cached is not None:
+        if ws_dir.exists():
+            shutil.rmtree(ws_dir)
+        shutil.copytree(cached, ws_dir)
+        log(f"[base] reusing the warm start made earlier with the same settings ({cached}; "
+            "SCALERL_WARMSTART_CACHE=0 trains it again)")
+        return BaseModel(check_model_dir(ws_dir, "base model"), data_path)
     t0 = time.time()
-    if plan.base_kind in ("char_arith", "char_mathcode", "char_chain"):
-        _make_char_arith(plan, ws_dir, run_dir, log)
-    elif plan.base_kind == "word_arith":
+    if plan.base_kind == "word_arith":
         _make_word_arith(plan, ws_dir, run_dir, log)
     else:
-        raise ConfigError(f"ExperimentPlan.base_kind: unknown {plan.base_kind!r}")
-    if warm_dir is not None:  # written last: its presence marks the shared warm start finished
-        (ws_dir / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan), indent=2))
+        _make_char_arith(plan, ws_dir, run_dir, log)
+    # written last: its presence marks the warm start finished (shared by the variants of a study, and cached)
+    (ws_dir / "warmstart_key.json").write_text(json.dumps(key, indent=2))
+    _cache_warm_start(ws_dir, key, log)
     # from here on the made directory is treated exactly like one given with --model
     return BaseModel(check_model_dir(ws_dir, "base model"), data_path, seconds=time.time() - t0, made=True)
+
+
+def warm_cache_dir() -> Path | None:
+    """The cache of finished warm starts: ``SCALERL_WARMSTART_CACHE`` (``0``: none), else
+    ``$XDG_CACHE_HOME/scalerl_jax/warmstarts`` (default ``~/.cache/scalerl_jax/warmstarts``)."""
+    env = os.environ.get("SCALERL_WARMSTART_CACHE", "").strip()
+    if env.lower() in ("0", "false", "no", "off"):
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalerl_jax" / "warmstarts"
+
+
+# the code a warm start depends on: a change in any of these files makes the cached warm starts stale
+_WARM_CODE = ("scalerl_jax/data", "scalerl_jax/models", "scalerl_jax/train", "experiments/base_models.py")
+
+
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for entry in _WARM_CODE:
+        for f in sorted((root / entry).rglob("*.py")) if (root / entry).is_dir() else [root / entry]:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _key_hash(key: dict) -> str:
+    """The cache folder's name: the settings (``key``) and the code that trains on them."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode() + _code_digest().encode()).hexdigest()[:16]
+
+
+def _cached_warm_start(key: dict) -> Path | None:
+    """The cached warm start made with ``key`` (its key file equal, not just its hash), or None."""
+    root = warm_cache_dir()
+    d = root / _key_hash(key) if root is not None else None
+    try:
+        if d is None or json.loads((d / "warmstart_key.json").read_text()) != key:
+            return None
+    except (OSError, ValueError):
+        return None
+    return d
+
+
+def _cache_warm_start(ws_dir: Path, key: dict, log) -> None:
+    """Copy a finished warm start into the cache (a temporary folder renamed into place: a killed copy is never
+    mistaken for a finished one). A cache that cannot be written is reported and skipped."""
+    root = warm_cache_dir()
+    if root is None:
+        return
+    dest = root / _key_hash(key)
+    tmp = root / f".{dest.name}.{os.getpid()}.partial"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(ws_dir, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"[base] the warm start was not cached ({root}: {e}); the next run with these settings trains it again")
 
 
 WARM_PER_TASK = 20000  # char_mathcode: warm-start problems per task (the code task's are repeated to match)

@@ -36,6 +36,7 @@ DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); te
 SMOKE_TIMEOUT_S = 3000
 
 _OWN_CACHE = pytest.StashKey[str]()
+_OWN_WARM = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser):
@@ -52,6 +53,11 @@ def pytest_configure(config):
         os.environ["JAX_COMPILATION_CACHE_DIR"] = config.stash[_OWN_CACHE] = tempfile.mkdtemp(
             prefix="scalerl_jax_xla_cache_")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    # warm starts made by earlier runs on this machine are not reused (experiments/base_models.py): every test
+    # session makes its own, as a clean clone's CI does; SCALERL_WARMSTART_CACHE=DIR keeps them across sessions
+    if not os.environ.get("SCALERL_WARMSTART_CACHE"):
+        os.environ["SCALERL_WARMSTART_CACHE"] = config.stash[_OWN_WARM] = tempfile.mkdtemp(
+            prefix="scalerl_jax_warmstarts_")
     if "jax" in sys.modules:
         jax = sys.modules["jax"]
         jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
@@ -77,9 +83,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_unconfigure(config):
-    own = config.stash.get(_OWN_CACHE, None)
-    if own:
-        shutil.rmtree(own, ignore_errors=True)
+    for key in (_OWN_CACHE, _OWN_WARM):
+        own = config.stash.get(key, None)
+        if own:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def cpu_seconds() -> float:

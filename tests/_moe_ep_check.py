@@ -1,7 +1,8 @@
 """Run in a subprocess with 8 simulated CPU devices: expert-parallel MoE (shard_map + all_to_all + ragged_dot)
 against the dense dispatch, layer by layer and through the whole train step.
 
-Prints one JSON line: {mesh: {...max abs diffs...}, "capacity": {...}}.
+Prints one JSON line: {mesh: {...max abs diffs...}, "capacity": {...}}. Argument: ``all`` (every mesh below) or
+``core`` (pure expert parallelism and the mesh that combines fsdp, tensor and expert axes).
 """
 
 import os
@@ -12,6 +13,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import sys  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -73,8 +75,10 @@ def rel(a, b):
 
 out = {"ragged_single_shard": {"layer_out": rel(rag_y, ref_y), "layer_grad": rel(rag_g, ref_g)}}
 loss_fn = rl_loss(cfg, LossConfig(), logp_chunk=8)
-for shape in [dict(expert=8), dict(fsdp=2, expert=4), dict(data=2, expert=4), dict(tensor=2, expert=4),
-              dict(fsdp=2, tensor=2, expert=2)]:
+MESHES = [dict(expert=8), dict(fsdp=2, expert=4), dict(data=2, expert=4), dict(tensor=2, expert=4),
+          dict(fsdp=2, tensor=2, expert=2)]
+CORE = [dict(expert=8), dict(fsdp=2, tensor=2, expert=2)]
+for shape in CORE if sys.argv[1:] == ["core"] else MESHES:
     mesh = shd.make_mesh(MeshConfig(**{"fsdp": 1, **shape}))
     w_sh = {k: jax.sharding.NamedSharding(mesh, shd.logical_to_spec(moe_specs(cfg, 1)[k].axes[1:], a.shape, mesh))
             for k, a in mp.items()}

@@ -137,6 +137,7 @@ def _process_of_rank(launcher_pid: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.heavy  # (--heavy) a killed follower/leader on its own: tests/test_distributed.py; resume: the test above
 @pytest.mark.slow
 def test_a_killed_process_takes_the_run_down_and_resume_continues(smoke_run, tmp_path):
     out = tmp_path / "run"

@@ -184,6 +184,7 @@ def test_scout_preset_without_accelerators_names_tiny_moe():
     assert r.returncode == 2 and "--preset tiny_moe" in r.stderr
 
 
+@pytest.mark.heavy  # (--heavy) the MoE's path through RL in the suite: tests/test_docs.py's short MoE run
 @pytest.mark.slow
 def test_tiny_moe_rl_improves_validation_reward(smoke_moe_run):
     """The Llama-4-style MoE through the same RL path (embedded engine decode, router in the train step, HF

@@ -51,8 +51,9 @@ def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
     mean = lambda k, rs=steady: float(np.mean([r.get(k, 0.0) for r in rs])) if rs else float("nan")  # noqa: E731
     parts = {k: mean(k) for k in ("loop_seconds", "wait_seconds", "batch_seconds", "step_seconds",
                                   "weight_sync_seconds", "gen_seconds", "score_seconds")}
-    # the rows after an eval carry that eval in their loop_seconds: take it out of the steady loop
-    eval_in_loop = sum(e["eval_seconds"] for e in evals if any(e["step"] == r["step"] - 1 for r in steady))
+    # the row after an eval carries that eval in its loop_seconds (the step-0 eval runs before the loop starts)
+    eval_in_loop = sum(e["eval_seconds"] for e in evals
+                       if e["step"] > 0 and any(e["step"] == r["step"] - 1 for r in steady))
     parts["eval_in_loop"] = eval_in_loop / max(len(steady), 1)
     accounted = sum(parts[k] for k in ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds",
                                        "eval_in_loop"))

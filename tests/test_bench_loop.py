@@ -28,6 +28,8 @@ def test_breakdown_splits_the_loop_and_takes_the_eval_out():
     assert b["other"] == pytest.approx(0.2)
     assert b["flops_per_step"] == pytest.approx(100.0)  # the counted FLOPs grow by 100 a step
     assert b["eval_seconds"] == pytest.approx((3.0 + 0.8) / 2) and b["eval_per_step"] == pytest.approx(1.9 / 2)
+    # without the compilation steps set apart, step 1's loop still holds no eval: the step-0 eval precedes the loop
+    assert breakdown(rows, skip=0, eval_every=2)["eval_in_loop"] == pytest.approx(0.8 / 4)
 
 
 def test_the_trainer_writes_the_loop_timings(tmp_path):

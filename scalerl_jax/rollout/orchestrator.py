@@ -68,7 +68,6 @@ class RolloutProducer:
         self.bos_id = bos_id
         self.reward_transform = reward_transform
         self.prompt_lock = threading.Lock()  # the prompt iterator is shared with checkpointing
-        self.last_score_seconds = 0.0
         self._drawn: dict[int, dict] = {}  # batch index -> the prompt iterator's state before it was drawn
 
     def requests_for(self, problems: Sequence[Problem],
@@ -84,12 +83,9 @@ class RolloutProducer:
         return out
 
     def generate_and_score(self, problems: Sequence[Problem], sampling: SamplingParams | None = None):
-        """Generate and score ``problems``: (groups, rewards per group, generation seconds, generated tokens,
-        score counts). The scoring's wall time is left in ``self.last_score_seconds``."""
         t0 = time.perf_counter()
         groups = self.generator.generate(self.requests_for(problems, sampling))
         dt = time.perf_counter() - t0
-        t_score = time.perf_counter()
         texts = [self.decode(c.token_ids) for g in groups for c in g]
         flat_problems = [p for p, g in zip(problems, groups) for _ in g]
         rewards, counts = self.score(texts, flat_problems)
@@ -103,15 +99,16 @@ class RolloutProducer:
             split.append(rewards[i : i + len(g)])
             i += len(g)
         n_tok = sum(len(c.token_ids) for g in groups for c in g)
-        self.last_score_seconds = time.perf_counter() - t_score
         return groups, split, dt, n_tok, counts
 
     def produce(self, index: int) -> RolloutBatch:
         with self.prompt_lock:
             self._drawn[index] = self.prompts.get_state()
             problems = self.prompts.next_batch(self.prompts_per_batch)
+        t0 = time.perf_counter()
         groups, rewards, dt, n_tok, counts = self.generate_and_score(problems)
-        return RolloutBatch(index, problems, groups, rewards, dt, n_tok, counts, self.last_score_seconds)
+        # what is not generation is decoding and scoring
+        return RolloutBatch(index, problems, groups, rewards, dt, n_tok, counts, time.perf_counter() - t0 - dt)
 
     def consumed(self, index: int) -> None:
         """The trainer is done with batch ``index`` (trained on it, or dropped it)."""

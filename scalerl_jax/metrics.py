@@ -207,8 +207,10 @@ def read_metrics(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
 class Progress:
     """A one-line console progress bar: step, reward, throughput and ETA (plain text when not a TTY)."""
 
-    def __init__(self, total: int, desc: str = "rl", every_s: float = 2.0, stream=sys.stdout) -> None:
+    def __init__(self, total: int, desc: str = "rl", every_s: float = 2.0, stream=sys.stdout, start: int = 0) -> None:
+        """``start``: the step the run starts from (a resumed run's), from which the ETA's rate is counted."""
         self.total, self.desc, self.every_s, self.stream = total, desc, every_s, stream
+        self.start = start
         self.t0 = time.time()
         self._last = 0.0
         self._tty = stream.isatty()
@@ -218,13 +220,13 @@ class Progress:
         if not force and now - self._last < self.every_s and step < self.total:
             return
         self._last = now
-        done = max(step, 1e-9)
-        eta = (now - self.t0) / done * max(self.total - step, 0)
+        done = step - self.start  # steps taken since t0 (no step yet: no rate, no ETA)
+        eta = f"{(now - self.t0) / done * max(self.total - step, 0):5.0f}s" if done > 0 else "    ?"
         width = 24
         filled = int(width * min(step / max(self.total, 1), 1.0))
         bar = "#" * filled + "." * (width - filled)
         extra = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
-        line = f"[{self.desc}] [{bar}] {step}/{self.total} {extra} eta {eta:5.0f}s"
+        line = f"[{self.desc}] [{bar}] {step}/{self.total} {extra} eta {eta}"
         self.stream.write(("\r" + line) if self._tty else (line + "\n"))
         self.stream.flush()
 

@@ -15,13 +15,15 @@ R = dataclasses.replace
 
 
 def _micro_plan(seed: int = 0):
-    """A run small enough for CI: 2-layer model, 200 small warm-start steps, 6 RL steps evaluated after each."""
+    """A run small enough for CI: 2-layer model, 200 small warm-start steps, 6 RL steps evaluated after each, no
+    live forecast (tests/scaling/test_forecast.py and the smoke run test it; here it would only add a process)."""
     p = presets.smoke_plan(seed)
     e = p.exp
     model = R(e.model, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32, ffn_dim=128)
     exp = R(e, model=model, data=R(e.data, val_size=16),
             rollout=R(e.rollout, prompts_per_batch=4, group_size=4, k=2),
-            train=R(e.train, steps=6, eval_every=1, eval_samples=1, checkpoint_every=3))
+            train=R(e.train, steps=6, eval_every=1, eval_samples=1, checkpoint_every=3),
+            forecast=R(e.forecast, enabled=False))
     return R(p, exp=exp, warm_steps=200, warm_batch=32, warm_warmup=20, warm_unmarked_frac=0.0)
 
 

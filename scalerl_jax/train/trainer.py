@@ -328,7 +328,7 @@ class RLTrainer:
         every = max(self.tcfg.eval_every, 1)
         self.last_val = float("nan")
         self.last_train: dict[str, Any] = {}
-        progress = Progress(total, desc=f"rl:{self.rcfg.mode}")
+        progress = Progress(total, desc=f"rl:{self.rcfg.mode}", start=int(self.state.step))
         t_last = [time.perf_counter()]
         eval_before = [self.counters.eval_s]
 

@@ -207,13 +207,15 @@ def read_metrics(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
 class Progress:
     """A one-line console progress bar: step, reward, throughput and ETA (plain text when not a TTY)."""
 
-    def __init__(self, total: int, desc: str = "rl", every_s: float = 2.0, stream=sys.stdout, start: int = 0) -> None:
-        """``start``: the step the run starts from (a resumed run's), from which the ETA's rate is counted."""
-        self.total, self.desc, self.every_s, self.stream = total, desc, every_s, stream
+    def __init__(self, total: int, desc: str = "rl", every_s: float = 2.0, stream=None, start: int = 0) -> None:
+        """``stream``: sys.stdout as it is when the bar is made (default); ``start``: the step the run starts from (a
+        resumed run's), from which the ETA's rate is counted."""
+        self.total, self.desc, self.every_s = total, desc, every_s
+        self.stream = sys.stdout if stream is None else stream
         self.start = start
         self.t0 = time.time()
         self._last = 0.0
-        self._tty = stream.isatty()
+        self._tty = self.stream.isatty()
 
     def update(self, step: int, force: bool = False, **fields: Any) -> None:
         now = time.time()

@@ -72,12 +72,13 @@ WHOLE_RUN_FIXTURES = ("smoke_run", "smoke_moe_run")
 
 def pytest_collection_modifyitems(session, config, items):
     """The tests that read the whole runs (``smoke_run``, ``smoke_moe_run``) go last, those needing only the first
-    run (it finishes first) before those needing the second; every other test keeps its place. The runs start in
-    the background as the session starts, so the rest of the suite runs while they do instead of waiting for them
-    at the first test that needs one."""
+    run (it finishes first) before those needing the second, and before them the tests that read a background check
+    (``@pytest.mark.background``); every other test keeps its place. The runs and checks start in the background
+    as the session starts, so the rest of the suite runs while they do instead of waiting for them at the first
+    test that needs one."""
     def key(item):
         names = set(getattr(item, "fixturenames", ()))
-        return tuple(n in names for n in reversed(WHOLE_RUN_FIXTURES))
+        return (*(n in names for n in reversed(WHOLE_RUN_FIXTURES)), item.get_closest_marker("background") is not None)
 
     items[:] = sorted(items, key=key)  # stable: the order within each group is pytest's own
 
@@ -201,11 +202,41 @@ class BackgroundRun:
 BACKGROUND_RUNS: list[BackgroundRun] = []  # CpuDurations counts their CPU apart from the test that reaped them
 
 
+class BackgroundCheck(BackgroundRun):
+    """A test's subprocess (``@pytest.mark.background(NAME, ARGV)``: ARGV after the Python executable, run in the
+    repository root; ``{out}`` in it is replaced by a fresh directory) run in the background lane; ``result`` waits
+    for it and returns the ``subprocess.CompletedProcess`` (stdout and stderr apart) that ``subprocess.run`` would
+    have, for the test to check as it would its own."""
+
+    def __init__(self, name: str, args: list[str], out: Path):
+        super().__init__("", [], out)
+        self.argv = [sys.executable, *(a.replace("{out}", str(out)) for a in args)]
+        self.name, self.log = name, out / "stdout.txt"
+
+    def start(self) -> None:
+        with self._lock:
+            if self.proc is None and not self.closed:
+                path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+                with open(self.out / "stdout.txt", "w") as o, open(self.out / "stderr.txt", "w") as e:
+                    self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=o, stderr=e,
+                                                 env={**os.environ, "PYTHONPATH": path})
+                self.started = time.monotonic()
+
+    def result(self) -> subprocess.CompletedProcess:
+        self.start()
+        if not self.done.wait(timeout=max(1.0, self.started + SMOKE_TIMEOUT_S - time.monotonic())):
+            self.close()
+            raise AssertionError(f"background check {self.name} still running after {SMOKE_TIMEOUT_S} s")
+        return subprocess.CompletedProcess(self.argv, self.proc.returncode, (self.out / "stdout.txt").read_text(),
+                                           (self.out / "stderr.txt").read_text())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def whole_runs(request, tmp_path_factory):
     """The whole runs that this session's tests need (the smoke preset: ``smoke_run``; the MoE smoke preset:
-    ``smoke_moe_run``), started one after the other in the background as the session starts: they are mostly
-    warm-start matmuls, and the tests that run meanwhile (one at a time) leave a core idle much of the time."""
+    ``smoke_moe_run``), then the subprocess checks of the tests marked ``@pytest.mark.background`` (multi-device
+    comparisons, AOT compiles: minutes of one process each), started one after the other in the background as the
+    session starts: the tests that run meanwhile (one at a time, mostly on one thread) leave a core idle."""
     wanted = {n for item in request.session.items for n in getattr(item, "fixturenames", ())}
     runs: dict[str, BackgroundRun] = {}
     if "smoke_run" in wanted and not os.environ.get("SCALERL_SMOKE_RUN"):
@@ -213,6 +244,11 @@ def whole_runs(request, tmp_path_factory):
     if "smoke_moe_run" in wanted:
         runs["smoke_moe"] = BackgroundRun("experiments.scout_moe", ["--preset", "smoke_moe", "--no-fit"],
                                           tmp_path_factory.mktemp("smoke_moe"))
+    for item in request.session.items:
+        for mark in item.iter_markers("background"):
+            name, args = mark.args
+            if f"check:{name}" not in runs:
+                runs[f"check:{name}"] = BackgroundCheck(name, list(args), tmp_path_factory.mktemp(f"check_{name}"))
     BACKGROUND_RUNS.extend(runs.values())
 
     def one_after_another():
@@ -236,6 +272,15 @@ def smoke_run(whole_runs):
     if os.environ.get("SCALERL_SMOKE_RUN"):
         return Path(os.environ["SCALERL_SMOKE_RUN"])
     return whole_runs["smoke"].result()
+
+
+@pytest.fixture
+def background(request, whole_runs) -> dict[str, subprocess.CompletedProcess]:
+    """The finished subprocesses of this test's ``@pytest.mark.background(NAME, ARGV)`` marks, by NAME (see
+    :class:`BackgroundCheck`)."""
+    names = [m.args[0] for m in request.node.iter_markers("background")]
+    assert names, "the background fixture needs @pytest.mark.background(NAME, ARGV) on the test"
+    return {n: whole_runs[f"check:{n}"].result() for n in names}
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ Abstract inputs only: nothing is allocated, the 32-layer scan keeps the compile 
 
 import json
 import subprocess
-import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,6 @@ import pytest
 from scalerl_jax.aot import _peek_devices
 from scalerl_jax.models.layers import attention
 from scalerl_jax.models.layers import dense_attention as _attend
-from tests.conftest import ROOT
 
 GB200_HBM_BYTES = 186e9
 
@@ -29,20 +28,24 @@ LLAMA3_8B_PARAMS = 8_030_261_248
 NORMS_8B = 32 * 2 * 4096 + 4096
 
 
-def _aot(tmp_path, *extra) -> dict:
-    out = tmp_path / f"aot{len(extra)}.json"
-    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", "llama3_8b", "--devices", "16",
-           "--seq-len", "16384", "--json", str(out), *extra]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+def _aot_cmd(name: str, *extra: str) -> list[str]:
+    """``python -m scalerl_jax.aot`` ARGV for the background lane (``@pytest.mark.background(name, ...)``)."""
+    return ["-m", "scalerl_jax.aot", "--preset", "llama3_8b", "--devices", "16", "--seq-len", "16384", "--json",
+            f"{{out}}/{name}.json", *extra]
+
+
+def _aot(r: subprocess.CompletedProcess) -> dict:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "peak GiB" in r.stdout and "| fits |" in r.stdout, r.stdout  # the table was printed
-    (rep,) = json.loads(out.read_text())
+    (rep,) = json.loads(Path(r.args[r.args.index("--json") + 1]).read_text())
     return rep
 
 
 @pytest.mark.slow
-def test_llama3_8b_train_step_fits_gb200_on_16_devices(tmp_path):
-    rep = _aot(tmp_path)
+@pytest.mark.background("aot_llama3_8b", _aot_cmd("aot"))
+@pytest.mark.background("aot_llama3_8b_no_licm", _aot_cmd("aot_no_licm", "--cpu-no-licm"))
+def test_llama3_8b_train_step_fits_gb200_on_16_devices(background):
+    rep = _aot(background["aot_llama3_8b"])
     assert rep["devices"] == 16 and rep["mesh"]["fsdp"] * rep["mesh"]["data"] == 16
     assert rep["seq_len"] == 16384 and rep["global_batch"] == 16  # one 16k sequence per shard
     assert rep["n_params"] == LLAMA3_8B_PARAMS
@@ -59,7 +62,7 @@ def test_llama3_8b_train_step_fits_gb200_on_16_devices(tmp_path):
     print(f"llama3_8b / 16 devices / 16k tokens: peak {peak / 1e9:.1f} GB per device "
           f"(temp {rep['temp_bytes'] / 1e9:.1f} GB), compiled in {rep['compile_s']:.0f} s")
     assert peak < 0.9 * GB200_HBM_BYTES
-    off = _aot(tmp_path, "--cpu-no-licm")  # the estimate does not hinge on loop-invariant code motion
+    off = _aot(background["aot_llama3_8b_no_licm"])  # the estimate does not hinge on loop-invariant code motion
     assert abs(peak - off["peak_bytes"]) < 0.05 * peak
 
 

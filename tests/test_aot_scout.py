@@ -12,11 +12,9 @@ moments per weight)."""
 
 import json
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT
 
 GB200_HBM_BYTES = 186e9
 
@@ -31,20 +29,24 @@ SCOUT_PARAMS = L * (ATTN + MOE) + NORMS + 2 * V * D  # + embedding and LM head
 assert SCOUT_PARAMS == 107_769_861_120  # "17B active / 109B total" counts the vision tower too
 
 
-def _aot(tmp_path, *extra) -> dict:
-    out = tmp_path / f"aot{len(extra)}.json"
-    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--preset", "scout_17b16e", "--devices", "16",
-           "--seq-len", "16384", "--microbatches", "48", "--json", str(out), *extra]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
+def _aot_cmd(name: str, *extra: str) -> list[str]:
+    """``python -m scalerl_jax.aot`` ARGV for the background lane (``@pytest.mark.background(name, ...)``)."""
+    return ["-m", "scalerl_jax.aot", "--preset", "scout_17b16e", "--devices", "16", "--seq-len", "16384",
+            "--microbatches", "48", "--json", f"{{out}}/{name}.json", *extra]
+
+
+def _aot(r: subprocess.CompletedProcess) -> dict:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "peak GiB" in r.stdout and "| fits |" in r.stdout, r.stdout
-    (rep,) = json.loads(out.read_text())
+    assert "peak GiB" in r.stdout and "| fits |" in r.stdout, r.stdout  # the table was printed
+    (rep,) = json.loads(Path(r.args[r.args.index("--json") + 1]).read_text())
     return rep
 
 
 @pytest.mark.slow
-def test_scout_train_step_fits_gb200_on_16_devices(tmp_path):
-    rep = _aot(tmp_path)
+@pytest.mark.background("aot_scout_17b16e", _aot_cmd("aot"))
+@pytest.mark.background("aot_scout_17b16e_no_licm", _aot_cmd("aot_no_licm", "--cpu-no-licm"))
+def test_scout_train_step_fits_gb200_on_16_devices(background):
+    rep = _aot(background["aot_scout_17b16e"])
     assert rep["devices"] == 16 and rep["mesh"]["expert"] == 16
     # RECIPE.md's batch: 48 prompts x 16 = 768 sequences, as 48 accumulated micro-batches of one 16k sequence
     # per device
@@ -63,5 +65,5 @@ def test_scout_train_step_fits_gb200_on_16_devices(tmp_path):
     assert peak < 0.9 * GB200_HBM_BYTES
     # the number does not hinge on XLA:CPU's loop-invariant code motion (it once hoisted an f32 copy of every
     # saved layer input: 160 GiB with the pass on)
-    off = _aot(tmp_path, "--cpu-no-licm")
+    off = _aot(background["aot_scout_17b16e_no_licm"])
     assert off["peak_bytes"] < 0.9 * GB200_HBM_BYTES and abs(peak - off["peak_bytes"]) < 0.05 * peak

@@ -10,23 +10,26 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks import gpu_check
 from tests.conftest import ROOT
 
+#: the CPU smoke check, run once in the suite's background lane (tests/conftest.py) for the tests marked with it
+SMOKE = pytest.mark.background("gpu_check_cpu_smoke", ["-m", "benchmarks.gpu_check", "--cpu-smoke", "--out",
+                                                       "{out}/check.json"])
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_check") / "check.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-smoke", "--out", str(out)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=600)
+
+@pytest.fixture
+def smoke(background):
+    r = background["gpu_check_cpu_smoke"]
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
-    return json.loads(out.read_text()), r.stdout
+    return json.loads(Path(r.args[-1]).read_text()), r.stdout
 
 
+@SMOKE
 def test_every_section_reports_finite_numbers(smoke):
     data, stdout = smoke
     rows = data["rows"]
@@ -51,6 +54,7 @@ def test_every_section_reports_finite_numbers(smoke):
     assert "section" in stdout and "wrote" in stdout  # the printed table
 
 
+@SMOKE
 def test_mfu_rederived_from_recorded_sizes(smoke):
     data, _ = smoke
     t, peak = data["meta"]["train"], data["meta"]["peak_flops"]

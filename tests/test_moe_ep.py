@@ -10,12 +10,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("meshes", ["core", pytest.param("all", marks=pytest.mark.heavy)])
-def test_expert_parallel_matches_dense_dispatch_on_8_devices(meshes):
-    """``core``: pure expert parallelism and fsdp x tensor x expert (every axis at once); ``all`` (--heavy) also
-    each axis beside expert alone."""
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_moe_ep_check.py"), meshes], capture_output=True,
-                       text=True, cwd=ROOT, timeout=900)
+@pytest.mark.background("moe_ep_core", ["tests/_moe_ep_check.py", "core"])
+def test_expert_parallel_matches_dense_dispatch_on_8_devices(background):
+    """Pure expert parallelism and fsdp x tensor x expert (every axis at once)."""
+    _check(background["moe_ep_core"], "core")
+
+
+@pytest.mark.heavy
+def test_expert_parallel_matches_dense_dispatch_on_every_8_device_mesh():
+    """(--heavy) Also each axis beside expert alone."""
+    _check(subprocess.run([sys.executable, str(ROOT / "tests" / "_moe_ep_check.py"), "all"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=900), "all")
+
+
+def _check(r: subprocess.CompletedProcess, meshes: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     # one shard, sort + ragged_dot, no shard_map

@@ -3,16 +3,16 @@ split a pallas_call) and the sharded train step equals the unsharded reference s
 interpret mode: named outside the tests/test_kernel_*.py pattern that benchmarks/gpu_check.sh compiles on a GPU)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_kernels_under_a_mesh_match_the_unsharded_reference():
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_sharded_kernels_check.py")], capture_output=True,
-                       text=True, cwd=ROOT, timeout=600)
+@pytest.mark.background("sharded_kernels", ["tests/_sharded_kernels_check.py"])
+def test_kernels_under_a_mesh_match_the_unsharded_reference(background):
+    r = background["sharded_kernels"]
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(res) == {"kv2_fsdp2xtensor2", "kv2_fsdp4xtensor1", "kv1_fsdp2xtensor2"}

@@ -1,8 +1,6 @@
 """Sharded forward and train step on 8 simulated CPU devices match the unsharded ones."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,9 +13,9 @@ from scalerl_jax.sharding import logical_to_spec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sharded_matches_unsharded_on_8_devices():
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_sharded_check.py")], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+@pytest.mark.background("sharded", ["tests/_sharded_check.py"])
+def test_sharded_matches_unsharded_on_8_devices(background):
+    r = background["sharded"]
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(res) == {"fsdp4xtensor2", "fsdp8xtensor1", "data2xfsdp2xtensor2", "fsdp2xtensor4"}

@@ -1,7 +1,8 @@
 """The dry run compiles what was asked: ``experiments.math_8b --dry-run`` hands the resolved ExperimentConfig (variant,
 ``--set`` overrides) to ``scalerl_jax.aot``, so a different loss, head dtype, model shape or micro-batch count
 compiles a different program. (Before, only the model preset's name was forwarded and every variant compiled the
-default CISPO / FP32-head step of the 8B model, even for ``--preset tiny``.)
+default CISPO / FP32-head step of the 8B model, even for ``--preset tiny``.) The three dry runs run in the suite's
+background lane (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -9,23 +10,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError, ExperimentConfig, from_dict
 from scalerl_jax.models import tiny
-from tests.conftest import ROOT
 
 
-def _dry_run(out, *args) -> dict:
-    cmd = [sys.executable, "-m", "experiments.math_8b", "--preset", "tiny", "--dry-run", "--out", str(out), *args]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def _dry_run_cmd(*args: str) -> list[str]:
+    return ["-m", "experiments.math_8b", "--preset", "tiny", "--dry-run", "--out", "{out}", *args]
+
+
+def _dry_run(r: subprocess.CompletedProcess) -> dict:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "| fits |" in r.stdout, r.stdout
-    (rep,) = json.loads((out / "dry_run" / "aot.json").read_text())
+    (rep,) = json.loads((_out(r) / "dry_run" / "aot.json").read_text())
     return rep
+
+
+def _out(r: subprocess.CompletedProcess) -> Path:
+    return Path(r.args[r.args.index("--out") + 1])
 
 
 # One block of the tiny Llama (D 128, 4 heads, 2 KV heads, head_dim 32, FFN 512), counted by hand: q and o are
@@ -34,11 +40,14 @@ TINY_LAYER_PARAMS = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 512 + 2 * 128  # 24
 
 
 @pytest.mark.slow
-def test_variants_and_overrides_reach_the_compiled_step(tmp_path):
-    base = _dry_run(tmp_path / "base")
-    bf16 = _dry_run(tmp_path / "bf16", "--variant", "bf16_head")
-    gspo = _dry_run(tmp_path / "gspo", "--variant", "gspo", "--set", "model.n_layers=2",
-                    "--set", "train.microbatches=2")
+@pytest.mark.background("dry_run_tiny", _dry_run_cmd())
+@pytest.mark.background("dry_run_tiny_bf16_head", _dry_run_cmd("--variant", "bf16_head"))
+@pytest.mark.background("dry_run_tiny_gspo", _dry_run_cmd("--variant", "gspo", "--set", "model.n_layers=2",
+                                                          "--set", "train.microbatches=2"))
+def test_variants_and_overrides_reach_the_compiled_step(background):
+    base = _dry_run(background["dry_run_tiny"])
+    bf16 = _dry_run(background["dry_run_tiny_bf16_head"])
+    gspo = _dry_run(background["dry_run_tiny_gspo"])
     # what each run asked for is what was compiled
     assert (base["loss"]["kind"], base["head_dtype"], base["microbatches"]) == ("cispo", "float32", 1)
     assert (bf16["loss"]["kind"], bf16["head_dtype"]) == ("cispo", "bfloat16")
@@ -50,7 +59,7 @@ def test_variants_and_overrides_reach_the_compiled_step(tmp_path):
     # three different programs
     assert len({base["hlo_sha256"], bf16["hlo_sha256"], gspo["hlo_sha256"]}) == 3
     # the config the compiler read is the run's own, written beside the report
-    cfg = json.loads((tmp_path / "gspo" / "dry_run" / "config.json").read_text())
+    cfg = json.loads((_out(background["dry_run_tiny_gspo"]) / "dry_run" / "config.json").read_text())
     assert cfg["loss"]["kind"] == "gspo" and cfg["model"]["n_layers"] == 2
 
 

@@ -224,6 +224,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # (--heavy) in the suite: a killed server (test_real_path), a SIGKILLed trainer resumed
+# (test_trainer_resume), a fleet's children dying with their parent (test_fleet)
 def test_fleet_run_killed_then_resumed(smoke_run, tmp_path):
     """`--model DIR --generators 2`: the smoke warm start as a user's model, RL through 2 local servers behind the real
     router. The trainer is SIGKILLed after a checkpoint: its servers and router go with it (no orphans), and `--resume`

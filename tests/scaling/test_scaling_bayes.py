@@ -1,5 +1,6 @@
 """fit_bayes: parameter recovery and calibration on curves simulated from the paper's Table 1, bad input."""
 
+import json
 import warnings
 
 import numpy as np
@@ -33,9 +34,9 @@ def simulate(A, B, C_mid, seed, n=75):
     return c, rng.binomial(K_SAMPLES, p).mean(axis=1) / K_SAMPLES
 
 
-@pytest.fixture(scope="module")
-def calibration():
-    """10 data sets per Table 1 row (100 in all), each fitted on its first half of compute, R0 fitted.
+def calibration_fits() -> dict:
+    """10 data sets per Table 1 row (100 in all), each fitted on its first half of compute, R0 fitted; what the
+    tests read of each posterior, as lists (tests/scaling/_calibration_check.py prints it as JSON).
 
     Settings: 2 chains x 400 draws after 300 warm-up steps per data set, all 200 chains in one vectorised
     run. A 90 % interval needs only its 5 % / 95 % quantiles; with ~300+ effective draws their Monte Carlo
@@ -50,35 +51,47 @@ def calibration():
             c, r = simulate(A, B, C_mid, seed=1000 * i + s)
             half = c <= c.max() / 2
             curves.append(dict(compute=c[half], reward=r[half], n_prompts=N_PROMPTS, k_samples=K_SAMPLES))
-            truth.append((A, B, C_mid))
+            truth.append(A)
     with warnings.catch_warnings():
         # Short chains trip the strict r_hat > 1.01 warning now and then; diagnostics are checked below.
         warnings.simplefilter("ignore", ScalingFitWarning)
         posts = fit_bayes_batch(curves, seed=0, num_samples=400, num_chains=2, num_warmup=300)
-    return posts, np.array(truth)
+    sums = [p.summary() for p in posts]
+    return {"A_true": truth, "A_lo": [float(s["A"]["lo"]) for s in sums], "A_hi": [float(s["A"]["hi"]) for s in sums],
+            "A_mean": [float(s["A"]["mean"]) for s in sums], "B_mean": [float(s["B"]["mean"]) for s in sums],
+            "r_hat_max": [float(max(p.r_hat.values())) for p in posts],
+            "divergences": [int(p.num_divergences) for p in posts]}
 
 
+#: the 100 fits run once, in the suite's background lane (tests/conftest.py)
+CALIBRATION = pytest.mark.background("scaling_calibration", ["tests/scaling/_calibration_check.py"])
+
+
+@pytest.fixture
+def calibration(background) -> dict:
+    r = background["scaling_calibration"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {k: np.asarray(v) for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+
+
+@CALIBRATION
 def test_calibration_of_A_interval(calibration):
-    posts, truth = calibration
-    A = truth[:, 0]
-    lo = np.array([p.summary()["A"]["lo"] for p in posts])
-    hi = np.array([p.summary()["A"]["hi"] for p in posts])
+    A, lo, hi = calibration["A_true"], calibration["A_lo"], calibration["A_hi"]
     coverage = np.mean((lo <= A) & (A <= hi))
-    print(f"90% interval coverage of A over {len(posts)} data sets: {coverage:.2f}")
+    print(f"90% interval coverage of A over {len(A)} data sets: {coverage:.2f}")
     assert 0.80 <= coverage <= 0.97
-    assert max(max(p.r_hat.values()) for p in posts) < 1.1
-    assert sum(p.num_divergences for p in posts) <= len(posts)  # rare, not systematic
+    assert calibration["r_hat_max"].max() < 1.1
+    assert calibration["divergences"].sum() <= len(A)  # rare, not systematic
 
 
+@CALIBRATION
 def test_recovery_scalerl_row(calibration):
-    posts, truth = calibration
     # The ScaleRL row is the first 10 data sets; fitted on compute up to 2.5 C_mid.
-    means = np.array([p.summary()["A"]["mean"] for p in posts[:10]])
-    err = means - truth[:10, 0]
+    err = calibration["A_mean"][:10] - calibration["A_true"][:10]
     print("ScaleRL row, posterior mean A - truth:", np.round(err, 3))
     assert abs(np.mean(err)) < 0.02  # no bias beyond the paper's margin
     assert np.mean(np.abs(err) < 0.02) >= 0.8  # and most single fits are inside it
-    B = np.array([p.summary()["B"]["mean"] for p in posts[:10]])
+    B = calibration["B_mean"][:10]
     assert np.median(B) == pytest.approx(1.92, rel=0.1)
 
 

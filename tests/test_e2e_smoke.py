@@ -159,8 +159,10 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_run_of_the_8b_preset():
-    r = _run(["--preset", "8b", "--dry-run"], timeout=900)
+@pytest.mark.background("dry_run_8b", ["-m", "experiments.math_8b", "--preset", "8b", "--dry-run"])
+def test_dry_run_of_the_8b_preset(background):
+    r = background["dry_run_8b"]
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "fits" in r.stdout and "DOES NOT FIT" not in r.stdout
 
 
@@ -171,9 +173,9 @@ def test_real_preset_without_accelerators_names_tiny():
 
 
 @pytest.mark.slow
-def test_dry_run_of_the_scout_preset():
-    r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout", "--dry-run"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+@pytest.mark.background("dry_run_scout", ["-m", "experiments.scout_moe", "--preset", "scout", "--dry-run"])
+def test_dry_run_of_the_scout_preset(background):
+    r = background["dry_run_scout"]
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "| fits |" in r.stdout and "expert16" in r.stdout and "768x16384" in r.stdout
 

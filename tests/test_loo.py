@@ -48,13 +48,32 @@ def test_shared_warm_start_refuses_another_key(tmp_path):
         _shared_warm_start(build_plan("tiny", "scalerl", seed=1), tmp_path)
 
 
-def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(presets.PRESETS, "micro", _micro_plan)
-    out = tmp_path / "loo"
-    store = tmp_path / "store"
-    cmd = ["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", str(out), "--store", str(store)]
-    assert loo.main(cmd) == 0
-    first = capsys.readouterr().out
+def micro_study(out_dir: str) -> dict:
+    """Run by tests/_loo_study.py in the suite's background lane: the ``micro`` study of ScaleRL and the bf16 head,
+    then the same command again; each call's exit status and printed output."""
+    import contextlib
+    import io
+
+    presets.PRESETS["micro"] = _micro_plan
+    out, store = f"{out_dir}/loo", f"{out_dir}/store"
+    cmd = ["--preset", "micro", "--variants", "scalerl", "bf16_head", "--out", out, "--store", store]
+    res = {"out": out, "store": store, "rc": [], "printed": []}
+    for _ in range(2):
+        with contextlib.redirect_stdout(io.StringIO()) as f:
+            res["rc"].append(loo.main(cmd))
+        res["printed"].append(f.getvalue())
+    return res
+
+
+@pytest.mark.background("loo_micro_study", ["tests/_loo_study.py", "{out}"])
+def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(background):
+    from pathlib import Path
+
+    r = background["loo_micro_study"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    out, store, (first, again) = Path(res["out"]), Path(res["store"]), res["printed"]
+    assert res["rc"] == [0, 0], first[-3000:] + again[-3000:]
     assert first.count("supervised warm start:") == 1 and first.count("reusing the warm start") == 1
     ws = out / "warmstart_s0"
     assert (ws / "model.safetensors").exists() and (ws / "warmstart_key.json").exists()
@@ -87,8 +106,6 @@ def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(tmp_path, mo
         assert (store / name / "metrics.jsonl").read_text() == (out / name / "metrics.jsonl").read_text()
     assert (store / "comparison" / "comparison.md").read_text() == table
     # re-issuing the command runs nothing again
-    assert loo.main(cmd) == 0
-    again = capsys.readouterr().out
     assert again.count("finished earlier with the same config, skipping") == 2 and "warm start" not in again
 
 

@@ -107,13 +107,16 @@ def _informative_score(completions, problems):
     return r, {"timeouts": 0, "no_answer": 0}
 
 
-def test_every_variant_runs_a_few_steps(tmp_path):
+def variant_runs(out_dir: str) -> dict:
+    """Run by tests/_variant_runs.py in the suite's background lane: every variant for 2 steps of a cut-down tiny
+    model; per variant, the summary's step count and the rows of its metrics.jsonl."""
     data = build_prompt_data("arith", val_size=8, seed=0)
+    res = {}
     for variant in sorted(VARIANTS):
         plan = build_plan("tiny", variant)
         exp = plan.exp
         small = R(exp.model, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64)
-        exp = R(exp, model=small, out_dir=str(tmp_path / variant),
+        exp = R(exp, model=small, out_dir=f"{out_dir}/{variant}",
                 rollout=R(exp.rollout, prompts_per_batch=4, group_size=4, k=2),
                 train=R(exp.train, steps=2, eval_every=100, eval_samples=1, checkpoint_every=100))
         plan = R(plan, exp=exp)
@@ -123,8 +126,20 @@ def test_every_variant_runs_a_few_steps(tmp_path):
             summary = trainer.run()
         finally:
             trainer.close()
-        assert summary["steps"] == 2, variant
-        rows = [json.loads(line) for line in open(tmp_path / variant / "metrics.jsonl")]
+        res[variant] = {"steps": summary["steps"],
+                        "rows": [json.loads(line) for line in open(f"{out_dir}/{variant}/metrics.jsonl")]}
+    return res
+
+
+@pytest.mark.background("variant_runs", ["tests/_variant_runs.py", "{out}"])
+def test_every_variant_runs_a_few_steps(background):
+    r = background["variant_runs"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(res) == sorted(VARIANTS)
+    for variant, v in res.items():
+        assert v["steps"] == 2, variant
+        rows = v["rows"]
         train = [r for r in rows if r["kind"] == "train"]
         assert [r["step"] for r in train] == [1, 2], variant
         assert all(np.isfinite(r["loss"]) for r in train), variant

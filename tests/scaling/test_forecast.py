@@ -51,34 +51,51 @@ def test_target_compute_extrapolates_linearly():
     assert np.isnan(target_compute(0.0, 0, 200))
 
 
-def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(tmp_path):
-    """One Forecaster per Table 1 row refits its run as the evals arrive (6, 12, 18, 24 of them: up to 1, 2, 3 and
-    4 C_mid): the last interval is narrower than the first, and the 90 % intervals hold the true A about as often
-    as they say."""
-    widths, hits, final_held = [], [], []
+def narrowing_refits(out_dir: str) -> list[dict]:
+    """Run by tests/scaling/_forecast_refits.py in the suite's background lane: one Forecaster per Table 1 row
+    refits its run as the evals arrive (6, 12, 18, 24 of them: up to 1, 2, 3 and 4 C_mid); per row, its true A, its
+    eval rows and the forecast row of each stage."""
+    from pathlib import Path
+
+    res = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScalingFitWarning)
         for i, (_, c_mid, b, a) in enumerate(TABLE1):
             rows = _evals(a, b, c_mid, seed=100 + i)
-            run = tmp_path / f"run{i}"
-            run.mkdir()
+            run = Path(out_dir) / f"run{i}"
+            run.mkdir(parents=True)
             fc = Forecaster(run, min_evals=5, **NUTS)
-            w = []
+            stages = []
             for n in (6, 12, 18, 24):
                 _write(run / "metrics.jsonl", rows[:n])
-                row = fc.refit(total_steps=230)
-                assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
-                w.append(row["A_hi"] - row["A_lo"])
-                hits.append(row["A_lo"] <= a <= row["A_hi"])
-                # the measured value's interval holds the mean curve's and widens it by the eval's own noise
-                # (up to the Monte Carlo error of a quantile of a few hundred draws)
-                assert row["R_obs_lo"] <= row["R_target_lo"] + 0.01 and row["R_target_hi"] <= row["R_obs_hi"] + 0.01
-                assert row["R_obs_hi"] - row["R_obs_lo"] >= row["R_target_hi"] - row["R_target_lo"] - 0.01
-                if n == 18:  # 3/4 of the run: the target is the last eval's compute (steps and compute are linear)
-                    assert row["target_compute"] == pytest.approx(rows[-1]["device_hours"])
-                    final_held.append(row["R_obs_lo"] <= rows[-1]["val_reward"] <= row["R_obs_hi"])
-            widths.append(w)
+                stages.append(fc.refit(total_steps=230))
+            res.append({"A": a, "rows": rows, "stages": stages})
+    return res
+
+
+@pytest.mark.background("forecast_refits", ["tests/scaling/_forecast_refits.py", "{out}"])
+def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
+    """The refits above: the last interval is narrower than the first, and the 90 % intervals hold the true A about
+    as often as they say."""
+    r = background["forecast_refits"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    widths, hits, final_held = [], [], []
+    for run in json.loads(r.stdout.strip().splitlines()[-1]):
+        a, rows, w = run["A"], run["rows"], []
+        for n, row in zip((6, 12, 18, 24), run["stages"]):
+            assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
+            w.append(row["A_hi"] - row["A_lo"])
+            hits.append(row["A_lo"] <= a <= row["A_hi"])
+            # the measured value's interval holds the mean curve's and widens it by the eval's own noise
+            # (up to the Monte Carlo error of a quantile of a few hundred draws)
+            assert row["R_obs_lo"] <= row["R_target_lo"] + 0.01 and row["R_target_hi"] <= row["R_obs_hi"] + 0.01
+            assert row["R_obs_hi"] - row["R_obs_lo"] >= row["R_target_hi"] - row["R_target_lo"] - 0.01
+            if n == 18:  # 3/4 of the run: the target is the last eval's compute (steps and compute are linear)
+                assert row["target_compute"] == pytest.approx(rows[-1]["device_hours"])
+                final_held.append(row["R_obs_lo"] <= rows[-1]["val_reward"] <= row["R_obs_hi"])
+        widths.append(w)
     widths = np.array(widths)
+    assert len(widths) == len(TABLE1)
     print("median A interval width by stage:", np.round(np.median(widths, axis=0), 3), "coverage", np.mean(hits))
     assert np.median(widths[:, -1]) < 0.5 * np.median(widths[:, 0])
     assert np.all(widths[:, -1] < widths[:, 0] + 1e-9)

@@ -1,9 +1,11 @@
-"""tests/test_loo.py's micro study, run in the suite's background lane (tests/conftest.py): prints each call's exit
-status and output, and where the study wrote, as one JSON line. Argument: the directory to write in."""
+"""tests/test_loo.py's studies, in the suite's background lane (tests/conftest.py): the micro study (default) or the
+comparison of hand-written seeds (``compare``); prints the result as one JSON line. Argument: the directory to write
+in."""
 
 import json
 import sys
 
-from tests.test_loo import micro_study
+from tests.test_loo import micro_study, seeds_compared
 
-print(json.dumps(micro_study(sys.argv[1])))
+study = seeds_compared if sys.argv[2:] == ["compare"] else micro_study
+print(json.dumps(study(sys.argv[1]), default=float))

@@ -201,19 +201,34 @@ def test_over_seeds_averages_paired_draws_as_the_normal_formula_says():
         over_seeds({"gspo": samples["gspo"]}, "scalerl")
 
 
-def test_compare_averages_seeds_and_scores_half_compute_predictions(tmp_path):
-    runs = tmp_path / "runs"
-    dirs = []
+def seeds_compared(out_dir: str) -> dict:
+    """Run by tests/_loo_study.py (``compare``) in the suite's background lane: 2 seeds of 2 recipes written on the
+    law by hand (A = 0.8 and 0.55, + 0.01 per seed), compared on their first half; where they are, and the summary's
+    over-seeds part."""
+    from pathlib import Path
+
+    runs, dirs = Path(out_dir) / "runs", []
     for seed in range(2):
         for variant, a in (("scalerl", 0.8), ("gspo", 0.55)):
             _write_curve(runs / f"{variant}_s{seed}", A=a + 0.01 * seed, n=24, noise=0.005, seed=10 * seed + len(dirs))
             dirs.append(runs / f"{variant}_s{seed}")
-    summary = loo.compare(dirs, tmp_path / "cmp", compute_key="device_hours", fit_until=0.5)
-    seeds = summary["over_seeds"]
+    summary = loo.compare(dirs, Path(out_dir) / "cmp", compute_key="device_hours", fit_until=0.5)
+    return {"dirs": [str(d) for d in dirs], "cmp": str(Path(out_dir) / "cmp"), "over_seeds": summary["over_seeds"]}
+
+
+@pytest.mark.background("loo_seeds_compared", ["tests/_loo_study.py", "{out}", "compare"])
+def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
+    from pathlib import Path
+
+    r = background["loo_seeds_compared"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    dirs, cmp = [Path(d) for d in res["dirs"]], Path(res["cmp"])
+    seeds = res["over_seeds"]
     assert seeds["gspo"]["seeds"] == ["0", "1"] and seeds["gspo"]["P_A_ref_gt"] > 0.95
     assert seeds["scalerl"]["A"]["mean"] == pytest.approx(0.805, abs=0.05)
-    text = (tmp_path / "cmp" / "comparison.md").read_text()
-    assert "## Over seeds" in text and (tmp_path / "cmp" / "A_over_seeds.png").stat().st_size > 0
+    text = (cmp / "comparison.md").read_text()
+    assert "## Over seeds" in text and (cmp / "A_over_seeds.png").stat().st_size > 0
     # the prediction table: per run the first half's prediction of the last eval, and each variant's mean error
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")] for r in text.splitlines()
             if r.startswith("| ") and "]" in r and "_s" in r.split("|")[1]}

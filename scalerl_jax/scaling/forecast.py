@@ -32,7 +32,9 @@ def target_compute(compute: float, step: int, total_steps: int) -> float:
     """The run's compute at its last step, extrapolated linearly from ``compute`` spent by ``step``."""
     if step <= 0 or not compute > 0:
         return float("nan")
-    return float(compute) * max(int(total_steps), int(step)) / int(step)
+    if int(total_steps) <= int(step):  # at (or past) the last step: the compute itself (x * n / n can round off)
+        return float(compute)
+    return float(compute) * int(total_steps) / int(step)
 
 
 def observed_interval(post: SigmoidPosterior, compute: float, n_prompts: float | None, k_samples: float | None,

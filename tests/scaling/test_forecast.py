@@ -49,6 +49,10 @@ def test_target_compute_extrapolates_linearly():
     assert target_compute(2.0, 50, 200) == pytest.approx(8.0)  # 2 device-hours per 50 steps -> 200 steps
     assert target_compute(2.0, 300, 200) == pytest.approx(2.0)  # past the plan: where it is
     assert np.isnan(target_compute(0.0, 0, 200))
+    # at the last step the target is the compute itself, to the bit (x * 48 / 48 is not always x)
+    assert 0.02127593824806253 * 48 / 48 != 0.02127593824806253
+    assert target_compute(0.02127593824806253, 48, 48) == 0.02127593824806253
+    assert target_compute(0.02127593824806253, 50, 48) == 0.02127593824806253
 
 
 def narrowing_refits(out_dir: str) -> list[dict]:

@@ -124,21 +124,33 @@ def test_warm_start_gives_the_cold_posterior():
         assert (sw["hi"] - sw["lo"]) == pytest.approx(sc["hi"] - sc["lo"], rel=0.2)
 
 
-def test_baseline_comparison_and_stop_rule(tmp_path):
-    """A baseline with a clearly higher ceiling makes P(A > A_baseline) small and stops the run under
-    --stop-if-worse 0.9; a lower one does not; within the paper's margin B is compared at a shared A."""
-    ours = tmp_path / "ours"
-    ours.mkdir()
+def baseline_refits(out_dir: str) -> dict:
+    """Run by tests/scaling/_forecast_refits.py (``baseline``) in the suite's background lane: this run's forecast
+    row against a baseline of a higher ceiling, a lower one and the same evals."""
+    from pathlib import Path
+
+    ours = Path(out_dir) / "ours"
+    ours.mkdir(parents=True)
     _write(ours / "metrics.jsonl", _evals(0.60, 1.9, 2500.0, seed=1, n=18))  # up to 3 C_mid
-    stops = {}
+    rows = {}
     for name, a in (("high", 0.85), ("low", 0.45), ("same", None)):
-        base = tmp_path / name
+        base = Path(out_dir) / name
         base.mkdir()  # "same": a copy of this run's own evals
         _write(base / "metrics.jsonl", _evals(a, 1.9, 2500.0, seed=2, n=24) if a else _evals(0.60, 1.9, 2500.0, 1, 18))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ScalingFitWarning)
-            row = Forecaster(ours, baseline=base, **NUTS).refit(total_steps=230)
-        stops[name] = (row, stop_reason(row, 0.9, 6))
+            rows[name] = Forecaster(ours, baseline=base, **NUTS).refit(total_steps=230)
+    return rows
+
+
+@pytest.mark.background("forecast_baselines", ["tests/scaling/_forecast_refits.py", "{out}", "baseline"])
+def test_baseline_comparison_and_stop_rule(background):
+    """A baseline with a clearly higher ceiling makes P(A > A_baseline) small and stops the run under
+    --stop-if-worse 0.9; a lower one does not; within the paper's margin B is compared at a shared A."""
+    r = background["forecast_baselines"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    stops = {name: (row, stop_reason(row, 0.9, 6)) for name, row in rows.items()}
     high, why = stops["high"]
     print({k: round(v[0]["P_A_gt_baseline"], 3) for k, v in stops.items()}, high["A_lo"], high["A_hi"])
     assert high["P_A_gt_baseline"] < 0.1 and high["baseline_rule"] == "A"

@@ -11,6 +11,7 @@ subprocesses it waited for): on a shared machine a clearer measure of a test's c
 """
 
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -272,6 +273,12 @@ def smoke_run(whole_runs):
     if os.environ.get("SCALERL_SMOKE_RUN"):
         return Path(os.environ["SCALERL_SMOKE_RUN"])
     return whole_runs["smoke"].result()
+
+
+def printed_json(r: subprocess.CompletedProcess):
+    """What a background check's script printed as its last line (JSON), after checking that it exited 0."""
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from experiments import loo, presets
 from experiments.common import _shared_warm_start, warm_start_key
 from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError
+from tests.conftest import printed_json
 
 R = dataclasses.replace
 
@@ -69,9 +70,7 @@ def micro_study(out_dir: str) -> dict:
 def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(background):
     from pathlib import Path
 
-    r = background["loo_micro_study"]
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = printed_json(background["loo_micro_study"])
     out, store, (first, again) = Path(res["out"]), Path(res["store"]), res["printed"]
     assert res["rc"] == [0, 0], first[-3000:] + again[-3000:]
     assert first.count("supervised warm start:") == 1 and first.count("reusing the warm start") == 1
@@ -220,9 +219,7 @@ def seeds_compared(out_dir: str) -> dict:
 def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
     from pathlib import Path
 
-    r = background["loo_seeds_compared"]
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = printed_json(background["loo_seeds_compared"])
     dirs, cmp = [Path(d) for d in res["dirs"]], Path(res["cmp"])
     seeds = res["over_seeds"]
     assert seeds["gspo"]["seeds"] == ["0", "1"] and seeds["gspo"]["P_A_ref_gt"] > 0.95

@@ -14,7 +14,7 @@ from scalerl_jax.config import ConfigError, LossConfig
 from scalerl_jax.data.pipeline import build_prompt_data
 from scalerl_jax.data.tokenizer import CharTokenizer
 from scalerl_jax.models import init_params
-from tests.conftest import ROOT
+from tests.conftest import ROOT, printed_json
 
 R = dataclasses.replace
 
@@ -133,9 +133,7 @@ def variant_runs(out_dir: str) -> dict:
 
 @pytest.mark.background("variant_runs", ["tests/_variant_runs.py", "{out}"])
 def test_every_variant_runs_a_few_steps(background):
-    r = background["variant_runs"]
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = printed_json(background["variant_runs"])
     assert sorted(res) == sorted(VARIANTS)
     for variant, v in res.items():
         assert v["steps"] == 2, variant

@@ -15,6 +15,7 @@ from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
 from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason, target_compute
 from scalerl_jax.scaling.live import LiveForecast
 from scalerl_jax.scaling.paper import TABLE1
+from tests.conftest import printed_json
 
 N_PROMPTS, K_SAMPLES, PHI, R0_TRUE = 200, 8, 2.0, 0.30
 NUTS = {"num_samples": 300, "num_chains": 2, "num_warmup": 200}
@@ -81,10 +82,8 @@ def narrowing_refits(out_dir: str) -> list[dict]:
 def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
     """The refits above: the last interval is narrower than the first, and the 90 % intervals hold the true A about
     as often as they say."""
-    r = background["forecast_refits"]
-    assert r.returncode == 0, r.stderr[-3000:]
     widths, hits, final_held = [], [], []
-    for run in json.loads(r.stdout.strip().splitlines()[-1]):
+    for run in printed_json(background["forecast_refits"]):
         a, rows, w = run["A"], run["rows"], []
         for n, row in zip((6, 12, 18, 24), run["stages"]):
             assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
@@ -147,9 +146,7 @@ def baseline_refits(out_dir: str) -> dict:
 def test_baseline_comparison_and_stop_rule(background):
     """A baseline with a clearly higher ceiling makes P(A > A_baseline) small and stops the run under
     --stop-if-worse 0.9; a lower one does not; within the paper's margin B is compared at a shared A."""
-    r = background["forecast_baselines"]
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = printed_json(background["forecast_baselines"])
     stops = {name: (row, stop_reason(row, 0.9, 6)) for name, row in rows.items()}
     high, why = stops["high"]
     print({k: round(v[0]["P_A_gt_baseline"], 3) for k, v in stops.items()}, high["A_lo"], high["A_hi"])

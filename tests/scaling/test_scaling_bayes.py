@@ -1,6 +1,5 @@
 """fit_bayes: parameter recovery and calibration on curves simulated from the paper's Table 1, bad input."""
 
-import json
 import warnings
 
 import numpy as np
@@ -12,6 +11,7 @@ from scalerl_jax.scaling.bayes import _warn_diagnostics
 from scalerl_jax.scaling.compare import prob_greater
 from scalerl_jax.scaling.paper import TABLE1
 from scalerl_jax.scaling.powerlaw import fit_power_law
+from tests.conftest import printed_json
 
 R0_TRUE = 0.30  # Table 1 gives no R0; a plausible pass rate before RL for an 8B model on Polaris.
 N_PROMPTS, K_SAMPLES, PHI = 1000, 16, 2.0
@@ -69,9 +69,7 @@ CALIBRATION = pytest.mark.background("scaling_calibration", ["tests/scaling/_cal
 
 @pytest.fixture
 def calibration(background) -> dict:
-    r = background["scaling_calibration"]
-    assert r.returncode == 0, r.stderr[-3000:]
-    return {k: np.asarray(v) for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+    return {k: np.asarray(v) for k, v in printed_json(background["scaling_calibration"]).items()}
 
 
 @CALIBRATION

@@ -71,15 +71,24 @@ def pytest_configure(config):
 WHOLE_RUN_FIXTURES = ("smoke_run", "smoke_moe_run")
 
 
+IN_LANE = "SCALERL_IN_LANE"  # set in a test's own pytest process that the lane runs (``@pytest.mark.lane``)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read the whole runs (``smoke_run``, ``smoke_moe_run``) go last, those needing only the first
-    run (it finishes first) before those needing the second, and before them the tests that read a background check
-    (``@pytest.mark.background``); every other test keeps its place. The runs and checks start in the background
-    as the session starts, so the rest of the suite runs while they do instead of waiting for them at the first
-    test that needs one."""
+    """A test marked ``@pytest.mark.lane`` is replaced by a :class:`LaneTest` (its own pytest process in the
+    background lane). Then the tests that wait for the background lane (``@pytest.mark.background``,
+    ``@pytest.mark.lane``) go last, and before them the tests that read the whole runs (``smoke_run``,
+    ``smoke_moe_run``), those needing only the first run (it finishes first) before those needing the second; every
+    other test keeps its place. The runs and checks start in the background as the session starts, so the rest of
+    the suite runs while they do and waits for the lane only when nothing else is left."""
+    if not os.environ.get(IN_LANE):
+        items[:] = [LaneTest.of(item) if item.get_closest_marker("lane") else item for item in items]
+
     def key(item):
         names = set(getattr(item, "fixturenames", ()))
-        return (*(n in names for n in reversed(WHOLE_RUN_FIXTURES)), item.get_closest_marker("background") is not None)
+        lane = item.get_closest_marker("background") is not None or isinstance(item, LaneTest)
+        return (lane, *(n in names for n in reversed(WHOLE_RUN_FIXTURES)))
 
     items[:] = sorted(items, key=key)  # stable: the order within each group is pytest's own
 
@@ -138,6 +147,24 @@ class CpuDurations:
             tr.write_line(f"{run.cpu_seconds:9.1f}s cpu  in the background: {' '.join(run.argv[2:-2])}")
 
 
+SESSION_START = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The background lane's timeline: when each run started and ended (seconds since the session started), and how
+    long the tests waited for it: a lane that ends after the rest of the suite is what sets the suite's wall time."""
+    runs = [r for r in BACKGROUND_RUNS if r.proc is not None]
+    if not runs:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "background lane (seconds since the session started)")
+    for run in runs:
+        end = f"{run.ended - SESSION_START:7.0f}" if run.ended else "      -"
+        what = run.name if isinstance(run, BackgroundCheck) else " ".join(run.argv[2:-2])
+        tr.write_line(f"{run.started - SESSION_START:7.0f} -> {end}  waited for {run.waited:6.1f}  {what}")
+    tr.write_line(f"tests waited {sum(r.waited for r in runs):.0f} s for the lane in all")
+
+
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
@@ -162,7 +189,7 @@ class BackgroundRun:
         self.argv = [sys.executable, "-m", module, *args, "--out", str(out)]
         self.out, self.log = out, out.parent / f"{out.name}.log"
         self.proc: subprocess.Popen | None = None
-        self.started, self.cpu_seconds, self.closed = 0.0, 0.0, False
+        self.started, self.ended, self.waited, self.cpu_seconds, self.closed = 0.0, 0.0, 0.0, 0.0, False
         self.done = threading.Event()
         self._lock = threading.Lock()
 
@@ -180,11 +207,19 @@ class BackgroundRun:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
                 self.cpu_seconds = usage.ru_utime + usage.ru_stime
         finally:
+            self.ended = time.monotonic()
             self.done.set()
+
+    def wait(self) -> bool:
+        """Wait for the process (at most SMOKE_TIMEOUT_S after its start); the time the tests waited is kept."""
+        t0 = time.monotonic()
+        done = self.done.wait(timeout=max(1.0, self.started + SMOKE_TIMEOUT_S - t0))
+        self.waited += time.monotonic() - t0
+        return done
 
     def result(self) -> Path:
         self.start()
-        if not self.done.wait(timeout=max(1.0, self.started + SMOKE_TIMEOUT_S - time.monotonic())):
+        if not self.wait():
             self.close()
             raise AssertionError(f"{' '.join(self.argv[2:])} still running after {SMOKE_TIMEOUT_S} s: "
                                  f"{self.log.read_text()[-3000:]}")
@@ -212,7 +247,7 @@ class BackgroundCheck(BackgroundRun):
     def __init__(self, name: str, args: list[str], out: Path):
         super().__init__("", [], out)
         self.argv = [sys.executable, *(a.replace("{out}", str(out)) for a in args)]
-        self.name, self.log = name, out / "stdout.txt"
+        self.name, self.log, self.env, self.smoke = name, out / "stdout.txt", {}, None
 
     def start(self) -> None:
         with self._lock:
@@ -220,16 +255,50 @@ class BackgroundCheck(BackgroundRun):
                 path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
                 with open(self.out / "stdout.txt", "w") as o, open(self.out / "stderr.txt", "w") as e:
                     self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=o, stderr=e,
-                                                 env={**os.environ, "PYTHONPATH": path})
+                                                 env={**os.environ, "PYTHONPATH": path, **self.env})
                 self.started = time.monotonic()
 
     def result(self) -> subprocess.CompletedProcess:
         self.start()
-        if not self.done.wait(timeout=max(1.0, self.started + SMOKE_TIMEOUT_S - time.monotonic())):
+        if not self.wait():
             self.close()
             raise AssertionError(f"background check {self.name} still running after {SMOKE_TIMEOUT_S} s")
         return subprocess.CompletedProcess(self.argv, self.proc.returncode, (self.out / "stdout.txt").read_text(),
                                            (self.out / "stderr.txt").read_text())
+
+
+class LaneTest(pytest.Function):
+    """Stands in for a test marked ``@pytest.mark.lane`` (minutes of subprocesses, one core): the lane runs that test
+    in a pytest process of its own (``SCALERL_IN_LANE=1``; after the smoke run, which it reads through
+    ``SCALERL_SMOKE_RUN``), and this item passes or fails with it, showing that process's report when it fails."""
+
+    @classmethod
+    def of(cls, item: pytest.Function) -> "LaneTest":
+        assert isinstance(item.parent, pytest.Module), f"{item.nodeid}: only a module's own tests can run in the lane"
+
+        def in_lane(whole_runs):
+            lane = whole_runs[f"lane:{item.nodeid}"]
+            if lane.smoke is not None:
+                lane.smoke.result()  # a failed smoke run fails here with its own log
+            r = lane.result()
+            if r.returncode != 0:
+                raise LaneFailure(f"{item.nodeid} in its own pytest process (exit {r.returncode}):\n"
+                                  f"{(r.stdout + r.stderr)[-6000:]}")
+
+        lane = cls.from_parent(item.parent, name=item.name, callobj=in_lane, keywords=item.keywords)
+        lane.own_markers.extend(item.own_markers)
+        lane.needs_smoke = "smoke_run" in item.fixturenames
+        return lane
+
+    def repr_failure(self, excinfo):
+        return str(excinfo.value) if isinstance(excinfo.value, LaneFailure) else super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.name} (in the background lane)"
+
+
+class LaneFailure(Exception):
+    pass
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -239,6 +308,7 @@ def whole_runs(request, tmp_path_factory):
     comparisons, AOT compiles: minutes of one process each), started one after the other in the background as the
     session starts: the tests that run meanwhile (one at a time, mostly on one thread) leave a core idle."""
     wanted = {n for item in request.session.items for n in getattr(item, "fixturenames", ())}
+    wanted |= {"smoke_run" for item in request.session.items if getattr(item, "needs_smoke", False)}
     runs: dict[str, BackgroundRun] = {}
     if "smoke_run" in wanted and not os.environ.get("SCALERL_SMOKE_RUN"):
         runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke"], tmp_path_factory.mktemp("smoke"))
@@ -250,6 +320,16 @@ def whole_runs(request, tmp_path_factory):
             name, args = mark.args
             if f"check:{name}" not in runs:
                 runs[f"check:{name}"] = BackgroundCheck(name, list(args), tmp_path_factory.mktemp(f"check_{name}"))
+    for item in request.session.items:
+        if isinstance(item, LaneTest):
+            out = tmp_path_factory.mktemp(f"lane_{item.name}"[:60])
+            lane = runs[f"lane:{item.nodeid}"] = BackgroundCheck(
+                item.nodeid, ["-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider", "--basetemp",
+                              str(out / "tmp")], out)
+            lane.env[IN_LANE] = "1"
+            if item.needs_smoke and "smoke" in runs:
+                lane.smoke = runs["smoke"]
+                lane.env["SCALERL_SMOKE_RUN"] = str(runs["smoke"].out)
     BACKGROUND_RUNS.extend(runs.values())
 
     def one_after_another():

@@ -95,6 +95,7 @@ def test_smoke_run_forecasts_while_it_trains(smoke_run):
 
 
 @pytest.mark.slow
+@pytest.mark.lane
 def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
     """A copy of the smoke run resumed from its step-16 checkpoint against a hand-made baseline whose ceiling is
     clearly higher (0.99, on the same compute axis) stops once two consecutive forecasts say so, writes why, and
@@ -128,6 +129,7 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.lane
 def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
     pass rate on prompts it trains on. Measured from the smoke warm start: 0.16 -> 0.34 / 0.51 / 0.62 / 0.72

@@ -56,6 +56,7 @@ def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.lane
 def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
     # with the fit and the report on: the follower leaves only after the leader has written them

@@ -284,6 +284,9 @@ class LaneTest(pytest.Function):
             if r.returncode != 0:
                 raise LaneFailure(f"{item.nodeid} in its own pytest process (exit {r.returncode}):\n"
                                   f"{(r.stdout + r.stderr)[-6000:]}")
+            last = (r.stdout.strip().splitlines() or [""])[-1]
+            if "skipped" in last and "passed" not in last:  # skipped there: skipped here, with its reason
+                pytest.skip(f"in its own pytest process: {r.stdout[-1000:]}")
 
         lane = cls.from_parent(item.parent, name=item.name, callobj=in_lane, keywords=item.keywords)
         lane.own_markers.extend(item.own_markers)

@@ -308,8 +308,9 @@ class LaneFailure(Exception):
 def whole_runs(request, tmp_path_factory):
     """The whole runs that this session's tests need (the smoke preset: ``smoke_run``; the MoE smoke preset:
     ``smoke_moe_run``), then the subprocess checks of the tests marked ``@pytest.mark.background`` (multi-device
-    comparisons, AOT compiles: minutes of one process each), started one after the other in the background as the
-    session starts: the tests that run meanwhile (one at a time, mostly on one thread) leave a core idle."""
+    comparisons, AOT compiles: minutes of one process each), then the pytest processes of the tests marked
+    ``@pytest.mark.lane`` (:class:`LaneTest`), started one after the other in the background as the session starts:
+    the tests that run meanwhile (one at a time, mostly on one thread) leave a core idle."""
     wanted = {n for item in request.session.items for n in getattr(item, "fixturenames", ())}
     wanted |= {"smoke_run" for item in request.session.items if getattr(item, "needs_smoke", False)}
     runs: dict[str, BackgroundRun] = {}

@@ -261,13 +261,14 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
             p = e["prediction"]
             what = e.get("reward_key", "val_reward")
             part = ("all" if fit_summary.get("settings", {}).get("fit_until") == 1.0 else "first half") + " of compute"
+            key = e.get("compute_key", "device_hours")
             lines += [f"## Scaling fit of {'val_reward' if what == 'val_reward' else what} (`{name}`, {part})", "",
-                      f"Fitted on {e['n_fit']} eval points up to {e['fit_until_compute']:.5f} device-hours.", ""]
+                      f"Fitted on {e['n_fit']} eval points up to {_compute(e['fit_until_compute'], key)}.", ""]
             for k in ("A", "B", "C_mid"):
                 if k in b:
                     s = b[k]
                     lines.append(f"- {k}: mean {s['mean']:.4g}, 90% interval [{s['lo']:.4g}, {s['hi']:.4g}]")
-            lines += ["", f"Predicted reward at {e['target_compute']:.5f} device-hours: {p['mean']:.3f} "
+            lines += ["", f"Predicted reward at {_compute(e['target_compute'], key)}: {p['mean']:.3f} "
                       f"(90% interval [{p['lo']:.3f}, {p['hi']:.3f}]); grid fit {p['grid']:.3f}."]
             if "held_out" in e:
                 h = e["held_out"]
@@ -281,6 +282,11 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
         lines += ["## Scaling fit", "", f"The fit failed: {fit_summary.get('error')}", ""]
     lines += forecast_lines(summary)
     (run_dir / "report.md").write_text("\n".join(lines))
+
+
+def _compute(c: float, key: str) -> str:
+    """A compute value with its unit, for report.md (device-hours are small numbers on a CPU run; FLOPs large)."""
+    return f"{c:.5f} device-hours" if key == "device_hours" else f"{c:.4g} {key}"
 
 
 def forecast_lines(summary: dict) -> list[str]:

@@ -124,16 +124,24 @@ def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tupl
     return args, plans
 
 
+#: the live forecast's fields that decide how a run goes (an early stop against a baseline); its other fields only
+#: shape the forecast rows, so a stored run with other values of them is still the planned run
+FORECAST_DECIDES = ("baseline", "stop_if_worse", "stop_min_evals", "stop_confirmations", "min_evals")
+
+
 def config_differences(plan: ExperimentPlan, written: dict[str, Any]) -> list[str]:
     """Where a run's ``config.json`` (``written``) differs from what ``plan`` decides: one ``"field: ran X, planned
     Y"`` per differing field, none when the run is the planned one. Every config field is compared except the ones
     the plan does not decide: ``out_dir`` (where the run is), the model's architecture (it comes from the base
     checkpoint, compared as ``base_model`` when the plan names one; of ``model`` the numerics the preset decides are
     compared, :data:`~experiments.numerics.NUMERICS`), ``data.path`` when the preset supplies its own data, and a
-    planned ``"auto"`` (measured from the data by the run). Keys only the run writes (``sandbox_active``) are
-    ignored."""
+    planned ``"auto"`` (measured from the data by the run), and the live forecast's analysis settings (its compute
+    axis, NUTS sizes, time share: they shape the forecast rows written beside the run, never its training; a study
+    fits every run again on its own ``--compute-key``); the forecast fields that can stop a run
+    (:data:`FORECAST_DECIDES`) are compared. Keys only the run writes (``sandbox_active``) are ignored."""
     planned = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
     planned.pop("out_dir", None)
+    planned["forecast"] = {k: v for k, v in planned["forecast"].items() if k in FORECAST_DECIDES}
     planned["model"] = {k: v for k, v in planned["model"].items() if k in NUMERICS}
     if not planned["data"].get("path"):
         planned["data"].pop("path", None)

@@ -13,6 +13,7 @@ from experiments.common import ExperimentPlan
 from scalerl_jax.config import (
     DataConfig,
     ExperimentConfig,
+    ForecastConfig,
     LengthConfig,
     LossConfig,
     MeshConfig,
@@ -49,6 +50,10 @@ def tiny_plan(seed: int = 0) -> ExperimentPlan:
         train=TrainConfig(lr=3e-5, warmup_steps=0, schedule="constant", adam_eps=1e-8, weight_decay=0.0,
                           grad_clip=1.0, steps=160, eval_every=16, eval_samples=4, checkpoint_every=40,
                           keep_checkpoints=3, seed=seed),
+        # the fits' compute axis: counted FLOPs, which neither compilation in the first steps nor a shared CPU's
+        # load moves (device-hours on a 2-core machine vary +-15 % with other jobs; the presets built on this one
+        # inherit it, the accelerator presets fit on device-hours, the paper's GPU-hours)
+        forecast=ForecastConfig(compute_key="flops"),
         out_dir="runs/tiny",
     )
     return ExperimentPlan(exp=exp, real=False, warm_steps=512, warm_batch=128, warm_lr=3e-3, warm_warmup=50,

@@ -570,7 +570,8 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
         until = 1.0 if summary.get("stopped_early") else 0.5
         log(f"[run] fitting the sigmoid law on {'all' if until == 1.0 else 'the first half'} of the run's compute")
         try:
-            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=until, num_samples=1000, num_chains=4)
+            fit_summary = fit_runs([run_dir], run_dir / "fit", fit_until=until, num_samples=1000, num_chains=4,
+                                   compute_key=exp.forecast.compute_key)
         except Exception as e:  # noqa: BLE001 -- a failed fit must not lose the run; the report says why
             log(f"[run] scaling fit failed: {type(e).__name__}: {e}")
             fit_summary = {"error": f"{type(e).__name__}: {e}"}

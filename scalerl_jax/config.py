@@ -466,7 +466,10 @@ class ForecastConfig:
 
     enabled: bool = True  # refit during the run (--no-forecast.enabled: only the fit at the end)
     min_evals: int = 5  # evals (the step-0 eval included) before the first refit
-    compute_key: Literal["device_hours", "flops"] = "device_hours"  # the compute axis the refits use
+    #: the compute axis of the run's fits: the refits during the run and the fit at its end (device_hours: wall
+    #: time on the trainer's devices, the paper's GPU-hours; flops: the run's counted FLOPs, which a shared or
+    #: loaded machine does not move)
+    compute_key: Literal["device_hours", "flops"] = "device_hours"
     num_samples: int = 300  # NUTS draws per chain of each refit
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
     num_warmup: int = 200  # NUTS adaptation steps of each refit (warm-started from the previous refit)

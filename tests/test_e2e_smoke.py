@@ -48,6 +48,7 @@ def test_smoke_run_produces_everything(smoke_run):
     report = (out / "report.md").read_text()
     assert "Validation reward" in report and "Scaling fit" in report
     summary = json.loads((out / "fit" / "summary.json").read_text())
+    assert summary["settings"]["compute_key"] == "flops"  # the axis the preset's forecast names, not the default
     run = next(iter(summary["runs"].values()))
     assert 0.0 <= run["prediction"]["lo"] <= run["prediction"]["mean"] <= run["prediction"]["hi"] <= 1.0
     for png in (out / "fit").glob("*.png"):
@@ -103,13 +104,12 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
     evals = [r for r in _rows(smoke_run) if r["kind"] == "eval"]
     base = tmp_path / "baseline"
     base.mkdir()
-    r0, c_end = evals[0]["val_reward"], evals[-1]["device_hours"]
+    r0, ends = evals[0]["val_reward"], {k: evals[-1][k] for k in ("device_hours", "flops")}
     with open(base / "metrics.jsonl", "w") as f:  # a curve rising from the same start to 0.99 by a fifth of the run
-        for i in range(25):
-            c = c_end * i / 24
-            mu = r0 + (0.99 - r0) / (1 + (c_end / 10 / c) ** 3) if c > 0 else r0
-            f.write(json.dumps({"kind": "eval", "step": 2 * i, "device_hours": c, "val_reward": mu, "val_n": 96,
-                                "val_k": 4}) + "\n")
+        for i in range(25):  # on both compute axes, whichever the preset's forecast uses
+            mu = r0 + (0.99 - r0) / (1 + (24 / 10 / i) ** 3) if i > 0 else r0
+            f.write(json.dumps({"kind": "eval", "step": 2 * i, **{k: c * i / 24 for k, c in ends.items()},
+                                "val_reward": mu, "val_n": 96, "val_k": 4}) + "\n")
     out = tmp_path / "behind"
     shutil.copytree(smoke_run, out)
     for ckpt in (out / "checkpoints").iterdir():

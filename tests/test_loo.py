@@ -319,3 +319,11 @@ def test_config_differences_compare_what_the_plan_decides(tmp_path):
         f'base_model: ran "{tmp_path / "model"}", planned "{tmp_path / "other"}"']
     old = {k: v for k, v in written.items() if k != "loss"}
     assert loo.config_differences(plan, old)[0].startswith("loss.kind: ran nothing (absent), planned")
+    # the forecast's compute axis and NUTS sizes shape only its rows: still the planned run; a stop rule is not
+    fc = plan.exp.forecast
+    other_axis = "device_hours" if fc.compute_key == "flops" else "flops"
+    analysis = R(plan, exp=R(plan.exp, forecast=R(fc, compute_key=other_axis, num_samples=50, enabled=False)))
+    assert loo.config_differences(analysis, written) == []
+    stops = R(plan, exp=R(plan.exp, forecast=R(fc, stop_if_worse=0.9, baseline="runs/base")))
+    assert loo.config_differences(stops, written) == ['forecast.baseline: ran null, planned "runs/base"',
+                                                      "forecast.stop_if_worse: ran null, planned 0.9"]

@@ -90,8 +90,8 @@ def small_plan(seed: int = 0) -> ExperimentPlan:
 
 def smoke_plan(seed: int = 0) -> ExperimentPlan:
     """CI-sized tiny run: the same path, fewer steps and a smaller validation set. Evaluates every 2 steps: the
-    first steps' compute includes JIT compilation, so on a loaded machine the first half of compute held only 4
-    evals at every 4 steps and the half-compute fit (which needs 5) failed."""
+    half-compute fit needs 5 evals in the first half, and when the fit's axis was device-hours the first steps'
+    compilation left only 4 there at every 4 steps on a loaded machine (the axis is FLOPs now, as on ``tiny``)."""
     p = tiny_plan(seed)
     exp = R(p.exp, name="scalerl_smoke", data=R(p.exp.data, val_size=96),
             train=R(p.exp.train, steps=48, eval_every=2, checkpoint_every=16, eval_samples=4))

@@ -49,6 +49,8 @@ def test_smoke_run_produces_everything(smoke_run):
     assert "Validation reward" in report and "Scaling fit" in report
     summary = json.loads((out / "fit" / "summary.json").read_text())
     assert summary["settings"]["compute_key"] == "flops"  # the axis the preset's forecast names, not the default
+    # the report names that axis: "Fitted on N eval points up to X flops."
+    assert report.split("## Scaling fit", 1)[1].split("\n\n")[1].endswith(" flops.")
     run = next(iter(summary["runs"].values()))
     assert 0.0 <= run["prediction"]["lo"] <= run["prediction"]["mean"] <= run["prediction"]["hi"] <= 1.0
     for png in (out / "fit").glob("*.png"):

@@ -93,17 +93,21 @@ def _tile(block: int, size: int, name: str) -> int:
     return min(block, max(16, pl.next_power_of_2(size)))
 
 
-def _logit_tile(h_ref, w_ref, t: _Tiles) -> jax.Array:
-    """float32 ``h @ w / temperature`` for a [rows, D] view of h and a [D, vocab] view of W, D in slices."""
+def _logit_tile(h_ref, w_ref, t: _Tiles, rows=slice(None), cols=slice(None)) -> jax.Array:
+    """float32 ``h[rows] @ w[:, cols] / temperature``, D in slices. ``rows`` / ``cols`` are ``pl.ds`` windows (or
+    whole axes) indexed together with the D slice in one indexing of each ref: Pallas' Triton lowering refuses a
+    ref view of a ref view (``ref.at[...][...]``: "No support for multiple indexers")."""
     n_d = h_ref.shape[1] // t.d
+    n_rows = h_ref.shape[0] if isinstance(rows, slice) else rows.size
+    n_cols = w_ref.shape[1] if isinstance(cols, slice) else cols.size
 
     def body(k, acc):
         d = pl.ds(pl.multiple_of(k * t.d, t.d), t.d)
-        hk = h_ref[:, d].astype(_F32)
-        wk = w_ref[d, :].astype(_F32)
+        hk = h_ref[rows, d].astype(_F32)
+        wk = w_ref[d, cols].astype(_F32)
         return acc + jax.lax.dot(hk, wk, precision=_HIGHEST, preferred_element_type=_F32)
 
-    z = jax.lax.fori_loop(0, n_d, body, jnp.zeros((h_ref.shape[0], w_ref.shape[1]), _F32))
+    z = jax.lax.fori_loop(0, n_d, body, jnp.zeros((n_rows, n_cols), _F32))
     return z / t.temperature
 
 
@@ -121,7 +125,7 @@ def _fwd_kernel(h_ref, w_ref, y_ref, logp_ref, ent_ref, lse_ref, *, t: _Tiles):
     def body(j, carry):
         m, l, s, picked = carry
         col0 = pl.multiple_of(j * t.vocab, t.vocab)
-        z = _logit_tile(h_ref, w_ref.at[:, pl.ds(col0, t.vocab)], t)
+        z = _logit_tile(h_ref, w_ref, t, cols=pl.ds(col0, t.vocab))
         z, cols, valid = _masked_logits(z, col0, t)
         m_new = jnp.maximum(m, jnp.max(z, axis=1))
         scale = jnp.exp(m - m_new)  # rescales the sums kept relative to the old max
@@ -159,13 +163,13 @@ def _dh_kernel(h_ref, w_ref, y_ref, lse_ref, mu_ref, gl_ref, ge_ref, dh_ref, *, 
 
     def vocab_tile(j, _):
         col0 = pl.multiple_of(j * t.vocab, t.vocab)
-        w_tile = w_ref.at[:, pl.ds(col0, t.vocab)]
-        z, cols, valid = _masked_logits(_logit_tile(h_ref, w_tile, t), col0, t)
+        c = pl.ds(col0, t.vocab)
+        z, cols, valid = _masked_logits(_logit_tile(h_ref, w_ref, t, cols=c), col0, t)
         dz = _dlogits(z, cols, valid, *rows, t)
 
         def accumulate(k, _):
             d = pl.ds(pl.multiple_of(k * t.d, t.d), t.d)
-            wk = w_tile[d, :].astype(_F32)
+            wk = w_ref[d, c].astype(_F32)
             dh_ref[:, d] += jax.lax.dot_general(dz, wk, (((1,), (1,)), ((), ())), precision=_HIGHEST,
                                                 preferred_element_type=_F32)
 
@@ -185,13 +189,12 @@ def _dw_kernel(h_ref, w_ref, y_ref, lse_ref, mu_ref, gl_ref, ge_ref, dw_ref, *, 
 
     def row_block(i, _):
         r = pl.ds(pl.multiple_of(i * t.rows, t.rows), t.rows)
-        h_rows = h_ref.at[r, :]
-        z, cols, valid = _masked_logits(_logit_tile(h_rows, w_ref, t), col0, t)
+        z, cols, valid = _masked_logits(_logit_tile(h_ref, w_ref, t, rows=r), col0, t)
         dz = _dlogits(z, cols, valid, y_ref[r], lse_ref[r], mu_ref[r], gl_ref[r], ge_ref[r], t)
 
         def accumulate(k, _):
             d = pl.ds(pl.multiple_of(k * t.d, t.d), t.d)
-            hk = h_rows[:, d].astype(_F32)
+            hk = h_ref[r, d].astype(_F32)
             dw_ref[d, :] += jax.lax.dot_general(hk, dz, (((0,), (0,)), ((), ())), precision=_HIGHEST,
                                                 preferred_element_type=_F32)
 

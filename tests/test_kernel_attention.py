@@ -246,6 +246,23 @@ def test_gpu_kernels_are_refused_on_cpu():
         check_impl("pallas", interpret=False)
 
 
+def test_kernels_lower_to_triton_for_a_cuda_gpu():
+    """The compiled (not interpreted) attention kernels, forward and backward, and the decode kernel lower to the
+    Triton dialect for CUDA on any machine: a construct the Triton lowering refuses fails here, not first on a GPU."""
+    q, k, v = _qkv(2, 37, 4, 2, 24, jnp.float32)  # ragged T, GQA, local chunks: the padded path
+
+    def objective(q, k, v):
+        return pallas_attention(q, k, v, 10, interpret=False, **BLOCKS).sum()
+
+    train = jax.jit(jax.grad(objective, argnums=(0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("cuda",))
+    assert train.as_text().count("@__gpu$xla.gpu.triton(") == 3  # forward, dK/dV, dQ
+
+    qd, kd, vd = (jnp.zeros(s, jnp.bfloat16) for s in ((2, 2, 2, 32), (2, 2, 300, 32), (2, 2, 300, 32)))
+    decode = jax.jit(lambda q, k, v, p: pallas_decode(q, k, v, p, 16, interpret=False)).trace(
+        qd, kd, vd, jnp.array([5, 299])).lower(lowering_platforms=("cuda",))
+    assert decode.as_text().count("@__gpu$xla.gpu.triton(") >= 1
+
+
 def test_run_path_carries_the_kernel_choices():
     """A preset's attention / log-prob implementation reaches a model read from a checkpoint's config."""
     preset = dataclasses.replace(tiny(), attention_impl="pallas", logprobs_impl="pallas")

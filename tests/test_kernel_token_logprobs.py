@@ -106,6 +106,28 @@ def test_no_logits_sized_array_in_forward_or_backward(pallas_interpret):
     assert kernel <= D * 1024 < B * T * V / 2, kernel  # the largest is the head weight (V padded to 1024)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_lowers_to_triton_for_a_cuda_gpu(monkeypatch, dtype):
+    """Value and gradient of the compiled (not interpreted) kernel lower to the Triton dialect for CUDA on any
+    machine, so a construct the Triton lowering refuses fails here, not first on a GPU (a ref view of a ref
+    view, ``ref.at[...][...]``, did: "No support for multiple indexers")."""
+    import kernels.token_logprobs as K
+
+    monkeypatch.setattr(K, "resolve_interpret", lambda interpret: False)  # compile, whatever this backend is
+    h, w, tgt = _inputs(2, 13, 24, 70, dtype)  # ragged rows, D and vocabulary: the padded path
+
+    def objective(h, w):
+        logp, ent = K.token_logprobs(h, w, tgt, **SMALL)
+        return logp.sum() + ent.sum()
+
+    lowered = jax.jit(jax.grad(objective, argnums=(0, 1))).trace(h, w).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    # the forward kernel and both backward kernels are Triton calls in the lowered program
+    for name in ("token_logprobs_fwd", "token_logprobs_dh", "token_logprobs_dw"):
+        assert name in text, name
+    assert text.count("@__gpu$xla.gpu.triton(") == 3
+
+
 def _rl_batch(cfg, B=4, T=12):
     rng = np.random.RandomState(0)
     tokens = rng.randint(0, cfg.vocab_size, (B, T)).astype(np.int32)

@@ -34,9 +34,10 @@ Where they run: ``"pallas"`` interprets on CPU (exact and slow: for tests) and c
 opaque to GSPMD, so ``models.layers.attention`` runs the training kernel inside ``shard_map``
 (``sharding.per_shard``: batch rows, and heads when the mesh splits query and kv heads alike); JAX partitions its
 cuDNN call itself. The decode kernel runs in the embedded engine, which has no mesh.
-The compiled GPU paths have not been run in this repository (no GPU here): on CPU the Pallas kernels ran in
-interpret mode, and the cuDNN wrapper's folding and GQA layout ran with ``implementation="xla"`` in its place
-(``library_attention``).
+On one H200 (docs/results/gpu_check.md) the compiled Pallas kernels and cuDNN passed their tests and ran a
+2-layer 1B-shaped value + grad at 4k tokens 1.41x (Pallas) and 1.50x (cuDNN) faster than the reference. On CPU the
+Pallas kernels run in interpret mode, the cuDNN wrapper's folding and GQA layout with ``implementation="xla"`` in
+its place (``library_attention``), and the tests lower the compiled kernels for CUDA (no GPU needed).
 """
 
 from __future__ import annotations

@@ -33,8 +33,11 @@ default tiles, so W is not copied.
 
 Where it runs: ``interpret=None`` interprets the kernel on CPU (slow, exact: the correctness path the tests
 use) and compiles it with the Triton backend on GPU; other backends are refused with a message rather than
-silently falling back. The compiled GPU path has not been run in this repository (no GPU here): block sizes are
-powers of two and at least 16 as Triton's dot requires, but they are untuned. ``pallas_call`` is opaque to
+silently falling back. Refs are indexed once per access (``w_ref[d, cols]``, never a view of a view: the Triton
+lowering refuses ``ref.at[...][...]``). On one H200 (docs/results/gpu_check.md) the compiled kernel passed its
+tests and held 0.64x the reference's temporary memory, but ran about 150x slower than the reference: its float32
+products run at HIGHEST precision (no tensor cores) in untuned tiles (powers of two >= 16, as Triton's dot
+requires). It is a memory option, not a speed one, and no preset uses it. ``pallas_call`` is opaque to
 GSPMD (under a sharded ``jit`` it would see whole, gathered operands), so the train step's dispatch
 (``losses.logprobs.head_logprobs``) runs it inside ``shard_map`` over the batch rows
 (``sharding.per_shard``; tests/test_sharded_kernels.py). The pure-JAX reference is

@@ -6,8 +6,8 @@ byte-level BPE tokenizer, saved as an HF directory, and its jsonl of word proble
 temperature 1, CISPO, the preset's learning rate, math-verify rewards on the ``\\boxed{}`` answer.
 
 - Ours: ``python -m experiments.math_8b --preset small`` with the embedded engine in the trainer's process
-  (``rollout.engine=embedded``; the preset's own fleet of two local servers was no faster on 2 cores), read from
-  its train rows (``loop_seconds``: the trainer's wall time per step; PipelineRL, generation overlapped).
+  (``rollout.engine=embedded``; the preset's own fleet of local servers is not timed here), read from its train
+  rows (``loop_seconds``: the trainer's wall time per step; PipelineRL, generation overlapped).
 - TRL: ``GRPOTrainer`` with ``per_device_train_batch_size=256``, ``num_generations=8`` (one optimizer step per
   32 x 8 batch, as ours), ``loss_type="cispo"`` with ``epsilon_high`` = the preset's ``eps_max``, ``beta=0``, on the
   CPU, generation by HF ``generate``, once per ``--torch-threads`` setting, each in its own process; seconds per
@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS_SETS = ["rollout.engine=embedded", "rollout.local_servers=0", "train.eval_every=100000"]
+NO_EVALS = 100000  # eval_every past the run's end: only the step-0 eval, outside the timed steps
+OURS_SETS = ["rollout.engine=embedded", "rollout.local_servers=0", f"train.eval_every={NO_EVALS}"]
 
 
 def _trl_child(a: argparse.Namespace) -> None:
@@ -128,21 +129,18 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.bench_loop import breakdown, run_preset
     from experiments.presets import small_plan
 
-    plan = small_plan(0)
-    exp = plan.exp
+    exp = small_plan(0).exp  # the batch, learning rate, eps_max and template both sides use
     out = Path(a.out)
     print(f"[bench_trl] ours: small preset, embedded engine, {a.steps} steps", flush=True)
     t0 = time.perf_counter()
     rows, _ = run_preset("small", a.steps, out, OURS_SETS)
-    ours = breakdown(rows, a.skip, 100000)
+    ours = breakdown(rows, a.skip, NO_EVALS)
     ours_steps = [r["loop_seconds"] for r in rows if r.get("kind") == "train"]
-    print(f"[bench_trl] ours: {ours['loop_seconds']:.2f} s/step ({time.perf_counter() - t0:.0f} s in all)",
-          flush=True)
+    ours_mean = ours["loop_seconds"]  # the mean over the steps after --skip
+    print(f"[bench_trl] ours: {ours_mean:.2f} s/step ({time.perf_counter() - t0:.0f} s in all)", flush=True)
     warm = out / "warmstart_small"
     data = next(warm.glob("*.jsonl"))
-    batch = dict(prompts=exp.rollout.prompts_per_batch, group=exp.rollout.group_size,
-                 max_new=exp.rollout.max_new_tokens)
-    a.prompts, a.group, a.max_new = batch["prompts"], batch["group"], batch["max_new"]
+    a.prompts, a.group, a.max_new = exp.rollout.prompts_per_batch, exp.rollout.group_size, exp.rollout.max_new_tokens
     trl_runs = {}
     for threads in a.torch_threads:
         print(f"[bench_trl] TRL {trl.__version__}: {threads} torch thread(s), {a.steps} steps", flush=True)
@@ -150,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         trl_runs[threads] = steps
         print(f"[bench_trl] TRL {threads}t: {statistics.mean(steps[a.skip:]):.2f} s/step", flush=True)
 
-    ours_mean = statistics.mean(ours_steps[a.skip:])
-    print(f"\nbatch: {batch['prompts']} prompts x {batch['group']} samples, <= {batch['max_new']} new tokens; "
+    print(f"\nbatch: {a.prompts} prompts x {a.group} samples, <= {a.max_new} new tokens; "
           f"means over steps {a.skip + 1}..{a.steps}")
     print(f"{'run':<24} {'s/step':>8} {'TRL / ours':>10}   steps (s)")
     print(f"{'ours (embedded, JAX)':<24} {ours_mean:>8.2f} {'':>10}   {' '.join(f'{s:.2f}' for s in ours_steps)}")
@@ -162,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     best = min(statistics.mean(s[a.skip:]) for s in trl_runs.values())
     print(f"\nours against TRL's best setting: {best / ours_mean:.2f}x faster per step")
     if a.json:
+        batch = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new}
         Path(a.json).write_text(json.dumps({"batch": batch, "skip": a.skip, "ours_steps": ours_steps,
                                             "ours_breakdown": ours, "trl_version": trl.__version__,
                                             "trl_steps": trl_runs, "speedup_vs_best_trl": best / ours_mean},

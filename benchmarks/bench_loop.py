@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerl_jax import hostmem
+
 
 def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
     """This process's float32 matmul rate (FLOP/s): the best of ``reps`` timed n x n x n products, compiled first."""
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         results[preset] = {**breakdown(rows, a.skip, eval_every), "run_seconds": time.perf_counter() - t0,
                            "eval_every": eval_every}
     rate = matmul_flops_per_s()
-    print(f"\nmatmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
+    print(f"\nhost: {hostmem.describe()}")
+    print(f"matmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
     cols = ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds", "eval_in_loop", "other")
     print(f"\n{'preset':<11} {'s/step':>7} " + " ".join(f"{c.split('_')[0]:>7}" for c in cols)
           + f" {'gen':>7} {'score':>7} {'eval/st':>7} {'floor s':>8} {'x floor':>8} {'len':>5}")
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{preset}: first {len(r['first_steps_s'])} steps {', '.join(f'{s:.2f}' for s in r['first_steps_s'])} s"
               f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s")
     if a.json:
-        Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "presets": results}, indent=2))
+        Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "host": hostmem.describe(),
+                                            "presets": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,14 +10,15 @@ temperature 1, CISPO, the preset's learning rate, math-verify rewards on the ``\
   rows (``loop_seconds``: the trainer's wall time per step; PipelineRL, generation overlapped).
 - TRL: ``GRPOTrainer`` with ``per_device_train_batch_size=256``, ``num_generations=8`` (one optimizer step per
   32 x 8 batch, as ours), ``loss_type="cispo"`` with ``epsilon_high`` = the preset's ``eps_max``, ``beta=0``, on the
-  CPU, generation by HF ``generate``, once per ``--torch-threads`` setting, each in its own process; seconds per
+  CPU, generation by HF ``generate``, once per ``--torch-threads`` setting and ``--trl-hugepages`` setting (glibc's
+  huge-page tunable off and on: ours runs with it, scalerl_jax/hostmem.py), each in its own process; seconds per
   step from a callback at every optimizer step (generation, scoring and the update: TRL runs them in turn).
 
 The first ``--skip`` steps of each side (compilation, warm-up) are left out of the means. TRL is a test-only
 dependency, not in the requirements: ``pip install trl==1.16.0`` first (it brings accelerate, datasets, pandas,
 pyarrow).
 
-    .venv/bin/python -m benchmarks.bench_trl                      # 10 steps per side, TRL at 1 and 2 threads
+    .venv/bin/python -m benchmarks.bench_trl      # 10 steps per side; TRL at 1 and 2 threads, huge pages off and on
     .venv/bin/python -m benchmarks.bench_trl --steps 6 --torch-threads 1 --json trl.json
 """
 
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from scalerl_jax import hostmem
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_EVALS = 100000  # eval_every past the run's end: only the step-0 eval, outside the timed steps
@@ -88,9 +91,15 @@ def _trl_child(a: argparse.Namespace) -> None:
 
 
 def run_trl(a: argparse.Namespace, model: Path, data: Path, template: str, threads: int, lr: float,
-            eps_max: float) -> list[float]:
+            eps_max: float, hugepages: bool) -> list[float]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+    if not hugepages:  # the child starts without glibc's huge-page tunable (scalerl_jax/hostmem.py)
+        env[hostmem.OPT_OUT] = "0"
+        env["GLIBC_TUNABLES"] = ":".join(t for t in env.get("GLIBC_TUNABLES", "").split(":")
+                                         if t and not t.startswith("glibc.malloc.hugetlb"))
+    else:
+        env.pop(hostmem.OPT_OUT, None)
     cmd = [sys.executable, "-m", "benchmarks.bench_trl", "--trl-child", "--model", str(model), "--data", str(data),
            "--template", template, "--threads", str(threads), "--steps", str(a.steps), "--prompts", str(a.prompts),
            "--group", str(a.group), "--max-new", str(a.max_new), "--lr", repr(lr), "--eps-max", repr(eps_max),
@@ -108,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=10, help="RL steps per side")
     ap.add_argument("--skip", type=int, default=2, help="first steps of each side left out of the means")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2], help="TRL runs, one per setting")
+    ap.add_argument("--trl-hugepages", choices=["off", "on", "both"], default="both",
+                    help="TRL runs with glibc's huge-page tunable off, on, or each (scalerl_jax/hostmem.py)")
     ap.add_argument("--out", default="runs/bench_trl", help="run directories and the shared warm start")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
     # the TRL child process's own flags
@@ -143,25 +154,29 @@ def main(argv: list[str] | None = None) -> None:
     a.prompts, a.group, a.max_new = exp.rollout.prompts_per_batch, exp.rollout.group_size, exp.rollout.max_new_tokens
     trl_runs = {}
     for threads in a.torch_threads:
-        print(f"[bench_trl] TRL {trl.__version__}: {threads} torch thread(s), {a.steps} steps", flush=True)
-        steps = run_trl(a, warm, data, exp.data.template, threads, exp.train.lr, exp.loss.eps_max)
-        trl_runs[threads] = steps
-        print(f"[bench_trl] TRL {threads}t: {statistics.mean(steps[a.skip:]):.2f} s/step", flush=True)
-
+        for hp in {"off": [False], "on": [True], "both": [False, True]}[a.trl_hugepages]:
+            name = f"{threads}t" + (" huge pages" if hp else "")
+            print(f"[bench_trl] TRL {trl.__version__}: {threads} torch thread(s), huge pages {'on' if hp else 'off'}, "
+                  f"{a.steps} steps", flush=True)
+            steps = run_trl(a, warm, data, exp.data.template, threads, exp.train.lr, exp.loss.eps_max, hp)
+            trl_runs[name] = steps
+            print(f"[bench_trl] TRL {name}: {statistics.mean(steps[a.skip:]):.2f} s/step", flush=True)
     print(f"\nbatch: {a.prompts} prompts x {a.group} samples, <= {a.max_new} new tokens; "
           f"means over steps {a.skip + 1}..{a.steps}")
+    print(f"ours: {hostmem.describe()}")
     print(f"{'run':<24} {'s/step':>8} {'TRL / ours':>10}   steps (s)")
     print(f"{'ours (embedded, JAX)':<24} {ours_mean:>8.2f} {'':>10}   {' '.join(f'{s:.2f}' for s in ours_steps)}")
-    for threads, steps in trl_runs.items():
+    for name, steps in trl_runs.items():
         m = statistics.mean(steps[a.skip:])
-        print(f"{f'TRL {threads} thread(s)':<24} {m:>8.2f} {m / ours_mean:>10.2f}   "
+        print(f"{f'TRL {name}':<24} {m:>8.2f} {m / ours_mean:>10.2f}   "
               f"{' '.join(f'{s:.2f}' for s in steps)}")
     best = min(statistics.mean(s[a.skip:]) for s in trl_runs.values())
     print(f"\nours against TRL's best setting: {best / ours_mean:.2f}x faster per step")
     if a.json:
         batch = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new}
         Path(a.json).write_text(json.dumps({"batch": batch, "skip": a.skip, "ours_steps": ours_steps,
-                                            "ours_breakdown": ours, "trl_version": trl.__version__,
+                                            "ours_breakdown": ours, "ours_host": hostmem.describe(),
+                                            "trl_version": trl.__version__,
                                             "trl_steps": trl_runs, "speedup_vs_best_trl": best / ours_mean},
                                            indent=2))
 

@@ -412,9 +412,11 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     saved there by the first run that needs it (with ``warmstart_key.json``) and loaded by the others.
     """
     from scalerl_jax import distributed as dist
+    from scalerl_jax import hostmem
     from scalerl_jax.compile_cache import use_compile_cache
 
     use_compile_cache(log=log)  # before the first compile: a re-run loads its programs instead of compiling them
+    log(f"[host] {hostmem.describe()}")
     if dist.process_count() > 1 and not dist.is_leader():
         import jax
 

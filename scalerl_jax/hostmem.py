@@ -1,0 +1,96 @@
+"""Host memory for XLA's CPU buffers: transparent huge pages through glibc's malloc.
+
+On a CPU, XLA allocates each executable's temporary buffer afresh on every call (1.35 GB for the ``small`` preset's
+train step: 256 rows x 68 tokens) and glibc hands blocks that large to ``mmap``, so every call first faults in every
+4 KiB page of it: about 330,000 page faults and 0.6 s of kernel time per step, a third of the step's wall time on
+2 cores (docs/results/loop.md). With the glibc tunable ``glibc.malloc.hugetlb=1`` (glibc 2.35+), malloc asks the
+kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on such blocks: 2 MiB pages, about 500 times fewer
+faults. The tunable is read once, when the process starts, so a process can only get it by starting again.
+
+:func:`reexec_for_cli` does that for the project's command-line entry points: the packages ``scalerl_jax``,
+``experiments`` and ``benchmarks`` call it when they are imported, and it acts only while Python is still locating
+the module of a ``python -m <package>.<module>`` command (``sys.argv[0] == "-m"``), so importing the packages from
+a script, a test or a notebook never restarts anything. It replaces the process (``os.execve``) with the same
+command and ``GLIBC_TUNABLES`` extended by the huge-page tunable; processes the run starts (generator servers, the
+forecast, the run's children) inherit it. It does nothing off glibc (macOS, musl), on glibc before 2.35, when the
+kernel's transparent huge pages are off (``never``), when the tunable is already set, or with
+``SCALERL_HUGEPAGES=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+
+OPT_OUT = "SCALERL_HUGEPAGES"  # "0": leave malloc as it is
+TUNABLE = "glibc.malloc.hugetlb=1"
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode(path: str = THP_ENABLED) -> str | None:
+    """The kernel's transparent-huge-page mode (``always``, ``madvise`` or ``never``); None when unknown."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return None
+
+
+def glibc_supports_hugetlb() -> bool:
+    """Whether this process runs on glibc 2.35 or newer (the first with ``glibc.malloc.hugetlb``)."""
+    if sys.platform != "linux":
+        return False
+    lib, version = platform.libc_ver()
+    if lib != "glibc":
+        return False
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 35)
+
+
+def hugepage_env(environ: Mapping[str, str], *, supported: bool, thp: str | None) -> dict[str, str] | None:
+    """The environment to restart with, or None when there is nothing to do (see the module docstring)."""
+    if environ.get(OPT_OUT, "1") == "0" or not supported or thp not in ("always", "madvise"):
+        return None
+    current = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in current:
+        return None
+    env = dict(environ)
+    env["GLIBC_TUNABLES"] = f"{current}:{TUNABLE}" if current else TUNABLE
+    return env
+
+
+def active(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process started with the huge-page tunable (and glibc and the kernel honour it)."""
+    environ = os.environ if environ is None else environ
+    return (TUNABLE in environ.get("GLIBC_TUNABLES", "").split(":") and glibc_supports_hugetlb()
+            and thp_mode() in ("always", "madvise"))
+
+
+def describe() -> str:
+    """One line for a run's start-up log."""
+    if active():
+        return f"malloc on transparent huge pages ({TUNABLE}; {OPT_OUT}=0 turns it off)"
+    why = ("turned off" if os.environ.get(OPT_OUT) == "0" else "not glibc 2.35+" if not glibc_supports_hugetlb()
+           else f"kernel THP mode {thp_mode()!r}" if thp_mode() not in ("always", "madvise")
+           else "not started by python -m")
+    return f"malloc on 4 KiB pages ({why})"
+
+
+def reexec_for_cli() -> None:
+    """Restart a ``python -m`` command with the huge-page tunable (module docstring); returns when it does not."""
+    if sys.argv[:1] != ["-m"] or not getattr(sys, "orig_argv", None):
+        return
+    env = hugepage_env(os.environ, supported=glibc_supports_hugetlb(), thp=thp_mode())
+    if env is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -103,10 +104,14 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for preset in a.presets:
         print(f"[bench_loop] {preset}: {a.steps} RL steps", flush=True)
-        t0 = time.perf_counter()
+        t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         rows, eval_every = run_preset(preset, a.steps, out, a.set)
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        # the whole invocation's page faults and kernel CPU time per RL step (warm start, compiles and evals too):
+        # what glibc's huge-page tunable changes (scalerl_jax/hostmem.py)
         results[preset] = {**breakdown(rows, a.skip, eval_every), "run_seconds": time.perf_counter() - t0,
-                           "eval_every": eval_every}
+                           "eval_every": eval_every, "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / a.steps,
+                           "kernel_cpu_s_per_step": (ru1.ru_stime - ru0.ru_stime) / a.steps}
     rate = matmul_flops_per_s()
     print(f"\nhost: {hostmem.describe()}")
     print(f"matmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
@@ -125,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
           "eval's seconds / eval_every. floor s: counted FLOPs per step / the matmul rate.")
     for preset, r in results.items():
         print(f"{preset}: first {len(r['first_steps_s'])} steps {', '.join(f'{s:.2f}' for s in r['first_steps_s'])} s"
-              f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s")
+              f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s, "
+              f"{r['minor_faults_per_step']:,.0f} page faults and {r['kernel_cpu_s_per_step']:.2f} s of kernel CPU "
+              "per step")
     if a.json:
         Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "host": hostmem.describe(),
                                             "presets": results}, indent=2))

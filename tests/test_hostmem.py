@@ -117,3 +117,53 @@ def test_the_tunable_cuts_page_faults_of_a_large_temporary():
     # 128 MiB in 4 KiB pages is 32768 faults per buffer; in 2 MiB pages, 64 (plus the process's other faults)
     assert plain > 32768, plain
     assert huge < plain / 10, (plain, huge)
+
+
+_STEPS = """
+import json
+import jax, numpy as np
+from experiments.presets import small_plan
+from scalerl_jax.models.model import init_params
+from scalerl_jax.train.optim import make_optimizer
+from scalerl_jax.train.rl import rl_loss
+from scalerl_jax.train.step import init_train_state, make_train_step
+exp = small_plan(0).exp
+mcfg = exp.model
+opt = make_optimizer(exp.train)
+step = jax.jit(make_train_step(rl_loss(mcfg, exp.loss), opt, 1))
+state = init_train_state(init_params(mcfg, jax.random.PRNGKey(0)), opt)
+rng = np.random.default_rng(0)
+B, T = 64, 68  # a quarter of the small preset's batch: a 0.3 GB temporary, mmapped by malloc
+mask = np.zeros((B, T), np.float32)
+mask[:, 20:] = 1
+losses = []
+for i in range(2):
+    batch = dict(tokens=rng.integers(2, mcfg.vocab_size, (B, T)).astype(np.int32), loss_mask=mask,
+                 gen_logp=np.full((B, T), -2.0, np.float32), staleness=np.zeros((B, T), np.int32),
+                 advantages=rng.normal(size=B).astype(np.float32), rewards=rng.random(B).astype(np.float32),
+                 group_ids=np.repeat(np.arange(8), 8).astype(np.int32), truncated=np.zeros(B, np.float32))
+    state, m = step(state, batch)
+    losses.append(float(m["loss"]))
+leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+print("STEPS " + json.dumps({"losses": [l.hex() for l in losses], "params": [l.tobytes().hex()[:64] + str(
+    float(np.abs(l).sum()).hex()) for l in leaves]}))
+"""
+
+
+@pytest.mark.skipif(not LIVE, reason="needs glibc 2.35+ and the kernel's transparent huge pages (madvise/always)")
+def test_train_steps_are_bit_identical_with_and_without_huge_pages():
+    """The tunable changes where malloc's memory comes from, never a number: two train steps of the small
+    preset's model and row length give the same losses and parameters, bit for bit, with it and without it."""
+    def steps(tunables: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hostmem.OPT_OUT)}
+        env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+        if tunables:
+            env["GLIBC_TUNABLES"] = tunables
+        r = subprocess.run([sys.executable, "-c", _STEPS], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("STEPS ")).split(" ", 1)[1])
+
+    plain, huge = steps(None), steps(hostmem.TUNABLE)
+    assert len(set(plain["losses"])) == 2  # the first step moved the parameters
+    assert plain == huge

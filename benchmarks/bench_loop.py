@@ -7,7 +7,9 @@ trainer did not overlap), batch assembly, the train step, the weight hand-over, 
 checkpoints, evals); the producer's side (generation, scoring) beside it; the cost of one eval and its share per
 step at the preset's ``eval_every``. The compute floor is the step's counted FLOPs (training 3x forward on the
 real tokens + generation forward, the ``flops`` columns) over this machine's matmul rate measured in the same
-process (a jitted float32 matmul); ``x floor`` is the step's wall time over it.
+process (a jitted float32 matmul); ``x floor`` is the step's wall time over it. Each preset's line also gives the
+invocation's page faults and kernel CPU seconds per RL step (glibc's huge pages change them: scalerl_jax/hostmem.py;
+``SCALERL_HUGEPAGES=0`` measures without).
 
     .venv/bin/python -m benchmarks.bench_loop                        # tiny, small, tiny_chain; 12 steps each
     .venv/bin/python -m benchmarks.bench_loop --presets tiny --steps 24 --set train.eval_every=8

@@ -2,10 +2,10 @@
 
 On a CPU, XLA allocates each executable's temporary buffer afresh on every call (1.35 GB for the ``small`` preset's
 train step: 256 rows x 68 tokens) and glibc hands blocks that large to ``mmap``, so every call first faults in every
-4 KiB page of it: about 330,000 page faults and 0.6 s of kernel time per step, a third of the step's wall time on
-2 cores (docs/results/loop.md). With the glibc tunable ``glibc.malloc.hugetlb=1`` (glibc 2.35+), malloc asks the
-kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on such blocks: 2 MiB pages, about 500 times fewer
-faults. The tunable is read once, when the process starts, so a process can only get it by starting again.
+4 KiB page of it: 334,000 page faults and 0.60 s of kernel CPU in a 0.92 s step, measured on 2 cores
+(docs/results/loop.md). With the glibc tunable ``glibc.malloc.hugetlb=1`` (glibc 2.35+), malloc asks the kernel for
+transparent huge pages (``madvise(MADV_HUGEPAGE)``) on such blocks, 2 MiB pages: 1,164 faults and 0.10 s of kernel CPU
+in a 0.59 s step. The tunable is read once, when the process starts, so a process can only get it by starting again.
 
 :func:`reexec_for_cli` does that for the project's command-line entry points: the packages ``scalerl_jax``,
 ``experiments`` and ``benchmarks`` call it when they are imported, and it acts only while Python is still locating
@@ -55,16 +55,20 @@ def glibc_supports_hugetlb() -> bool:
     return (major, minor) >= (2, 35)
 
 
-def hugepage_env(environ: Mapping[str, str], *, supported: bool, thp: str | None) -> dict[str, str] | None:
-    """The environment to restart with, or None when there is nothing to do (see the module docstring)."""
+def hugepage_tunables(environ: Mapping[str, str] | None = None, *, supported: bool | None = None,
+                      thp: str | None = "") -> str | None:
+    """The ``GLIBC_TUNABLES`` value a process should start with, or None when there is nothing to change (module
+    docstring). ``supported`` and ``thp`` default to this machine's (:func:`glibc_supports_hugetlb`,
+    :func:`thp_mode`). ``scripts/test.sh`` asks this for the pytest process."""
+    environ = os.environ if environ is None else environ
+    supported = glibc_supports_hugetlb() if supported is None else supported
+    thp = thp_mode() if thp == "" else thp
     if environ.get(OPT_OUT, "1") == "0" or not supported or thp not in ("always", "madvise"):
         return None
     current = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in current:
         return None
-    env = dict(environ)
-    env["GLIBC_TUNABLES"] = f"{current}:{TUNABLE}" if current else TUNABLE
-    return env
+    return f"{current}:{TUNABLE}" if current else TUNABLE
 
 
 def active(environ: Mapping[str, str] | None = None) -> bool:
@@ -80,7 +84,7 @@ def describe() -> str:
         return f"malloc on transparent huge pages ({TUNABLE}; {OPT_OUT}=0 turns it off)"
     why = ("turned off" if os.environ.get(OPT_OUT) == "0" else "not glibc 2.35+" if not glibc_supports_hugetlb()
            else f"kernel THP mode {thp_mode()!r}" if thp_mode() not in ("always", "madvise")
-           else "not started by python -m")
+           else "GLIBC_TUNABLES without " + TUNABLE)
     return f"malloc on 4 KiB pages ({why})"
 
 
@@ -88,9 +92,9 @@ def reexec_for_cli() -> None:
     """Restart a ``python -m`` command with the huge-page tunable (module docstring); returns when it does not."""
     if sys.argv[:1] != ["-m"] or not getattr(sys, "orig_argv", None):
         return
-    env = hugepage_env(os.environ, supported=glibc_supports_hugetlb(), thp=thp_mode())
-    if env is None:
+    tunables = hugepage_tunables()
+    if tunables is None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "GLIBC_TUNABLES": tunables})

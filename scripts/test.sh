@@ -3,14 +3,10 @@
 # (--heavy: also the end-to-end checks marked heavy).
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "test"
 set +e
-# glibc's huge pages for XLA's CPU buffers in the pytest process too (the entry points restart with them themselves:
-# scalerl_jax/hostmem.py); SCALERL_HUGEPAGES=0 leaves malloc as it is. Older glibc ignores the tunable.
-if [ "${SCALERL_HUGEPAGES:-1}" != 0 ] && [ "$(uname -s)" = Linux ]; then
-  case ":${GLIBC_TUNABLES:-}:" in
-    *:glibc.malloc.hugetlb=*) ;;
-    *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;;
-  esac
-fi
+# glibc's huge pages for XLA's CPU buffers in the pytest process too (the entry points restart with them themselves;
+# scalerl_jax/hostmem.py decides: Linux, glibc 2.35+, the kernel's THP on, SCALERL_HUGEPAGES not 0)
+TUNABLES="$(.venv/bin/python -c 'from scalerl_jax.hostmem import hugepage_tunables as t; print(t() or "")')"
+if [ -n "$TUNABLES" ]; then export GLIBC_TUNABLES="$TUNABLES"; fi
 # the 15 slowest tests close every run (a later --durations=N overrides it; --cpu-durations N lists CPU time).
 # Tests marked heavy (end-to-end checks of several minutes each) run only with --heavy, so that the suite fits CI.
 SELECT=(-m "not heavy")

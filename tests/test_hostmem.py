@@ -19,20 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 LIVE = hostmem.glibc_supports_hugetlb() and hostmem.thp_mode() in ("always", "madvise")
 
 
-def test_environment_to_restart_with():
-    base = {"PATH": "/bin"}
-    env = hostmem.hugepage_env(base, supported=True, thp="madvise")
-    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    assert base == {"PATH": "/bin"}  # the caller's mapping is not changed
+def test_tunables_to_restart_with():
+    assert hostmem.hugepage_tunables({"PATH": "/bin"}, supported=True, thp="madvise") == "glibc.malloc.hugetlb=1"
     # a user's own tunables are kept, the huge-page one appended
-    env = hostmem.hugepage_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, supported=True, thp="always")
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert (hostmem.hugepage_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, supported=True, thp="always")
+            == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
     # nothing to do: already set (either value), opted out, not glibc 2.35+, or the kernel's THP off / unknown
-    assert hostmem.hugepage_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, supported=True, thp="always") is None
-    assert hostmem.hugepage_env({"SCALERL_HUGEPAGES": "0"}, supported=True, thp="always") is None
-    assert hostmem.hugepage_env({}, supported=False, thp="always") is None
-    assert hostmem.hugepage_env({}, supported=True, thp="never") is None
-    assert hostmem.hugepage_env({}, supported=True, thp=None) is None
+    assert hostmem.hugepage_tunables({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, supported=True, thp="always") is None
+    assert hostmem.hugepage_tunables({"SCALERL_HUGEPAGES": "0"}, supported=True, thp="always") is None
+    assert hostmem.hugepage_tunables({}, supported=False, thp="always") is None
+    assert hostmem.hugepage_tunables({}, supported=True, thp="never") is None
+    assert hostmem.hugepage_tunables({}, supported=True, thp=None) is None
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):

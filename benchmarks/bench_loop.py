@@ -69,7 +69,8 @@ def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
     return {"steps": len(train), "steady_steps": len(steady), "first_steps_s": [r["loop_seconds"] for r in
                                                                                 train[:skip]],
             **parts, "flops_per_step": per_step_flops, "eval_seconds": one_eval,
-            "eval_per_step": one_eval / max(eval_every, 1), "completion_len": mean("completion_len")}
+            "eval_per_step": one_eval / max(eval_every, 1), "completion_len": mean("completion_len"),
+            "train_rows": mean("train_rows")}
 
 
 def run_preset(preset: str, steps: int, out: Path, sets: list[str]) -> tuple[list[dict], int]:
@@ -119,17 +120,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"matmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
     cols = ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds", "eval_in_loop", "other")
     print(f"\n{'preset':<11} {'s/step':>7} " + " ".join(f"{c.split('_')[0]:>7}" for c in cols)
-          + f" {'gen':>7} {'score':>7} {'eval/st':>7} {'floor s':>8} {'x floor':>8} {'len':>5}")
+          + f" {'gen':>7} {'score':>7} {'eval/st':>7} {'floor s':>8} {'x floor':>8} {'len':>5} {'rows':>5}")
     for preset, r in results.items():
         floor = r["flops_per_step"] / rate
         r["floor_seconds"], r["x_floor"] = floor, r["loop_seconds"] / max(floor, 1e-12)
         shares = " ".join(f"{r[c] / r['loop_seconds']:>6.0%} " for c in cols)
         print(f"{preset:<11} {r['loop_seconds']:>7.3f} {shares}{r['gen_seconds']:>7.3f} {r['score_seconds']:>7.3f} "
-              f"{r['eval_per_step']:>7.3f} {floor:>8.4f} {r['x_floor']:>8.0f} {r['completion_len']:>5.1f}")
+              f"{r['eval_per_step']:>7.3f} {floor:>8.4f} {r['x_floor']:>8.0f} {r['completion_len']:>5.1f} "
+              f"{r['train_rows']:>5.0f}")
     print("\ns/step: trainer wall time per steady step (loop_seconds); the next six columns are its shares: waiting "
           "for the batch, assembling it, the train step, the weight hand-over, an eval inside the step, the rest. "
           "gen, score: the producer's seconds per batch (overlapped with training in pipeline mode). eval/st: one "
-          "eval's seconds / eval_every. floor s: counted FLOPs per step / the matmul rate.")
+          "eval's seconds / eval_every. floor s: counted FLOPs per step / the matmul rate. rows: the train batch's "
+          "mean row count (filtered groups left out, TrainConfig.row_buckets).")
     for preset, r in results.items():
         print(f"{preset}: first {len(r['first_steps_s'])} steps {', '.join(f'{s:.2f}' for s in r['first_steps_s'])} s"
               f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s, "

@@ -448,6 +448,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # global gradient-norm clip (0: off)
     steps: int = 1000  # RL steps (trainer updates)
     microbatches: int = 1  # gradient accumulation
+    # sizes of the train batch: groups the loss ignores (filtered zero-variance groups, missing prompts) are left
+    # out and the rows padded up to the next of this many equal steps of the full batch, one compiled step per
+    # size (the loss is the full batch's up to float summation order); 1: every batch has all its rows
+    row_buckets: int = 4
     eval_every: int = 100  # steps between validation evals
     eval_samples: int = 16  # samples per validation prompt
     checkpoint_every: int = 50  # steps between checkpoints
@@ -457,6 +461,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"TrainConfig.lr must be > 0, got {self.lr}")
         _check(self.microbatches >= 1, f"TrainConfig.microbatches must be >= 1, got {self.microbatches}")
+        _check(self.row_buckets >= 1, f"TrainConfig.row_buckets must be >= 1, got {self.row_buckets}")
 
 
 @dataclass(frozen=True)

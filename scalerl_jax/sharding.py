@@ -129,6 +129,11 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: ShardingRules = DEFAULT_RULES) 
     return NamedSharding(mesh, P(first, *([None] * (ndim - 1))))
 
 
+def batch_shards(mesh: Mesh, rules: ShardingRules = DEFAULT_RULES) -> int:
+    """How many ways :func:`batch_sharding` splits the leading dimension (a batch's rows must be a multiple)."""
+    return int(np.prod([mesh.shape[a] for a in as_axes(rules.batch) if mesh.shape.get(a, 1) > 1], dtype=np.int64))
+
+
 def batch_shardings(batch: Any, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES) -> Any:
     return jax.tree.map(lambda a: batch_sharding(mesh, np.ndim(a) if not hasattr(a, "ndim") else a.ndim, rules), batch)
 

@@ -151,3 +151,105 @@ def test_without_zero_variance_filtering_the_group_stays_in_the_mask_with_zero_a
     np.testing.assert_array_equal(batch.loss_mask, want_mask)
     np.testing.assert_allclose(batch.advantages, np.array(ADVANTAGES["batch"]), rtol=1e-5, atol=1e-7)
     assert stats.n_tokens == 18 + 2 + 4
+
+
+# ---- compacted batches (TrainConfig.row_buckets): the filtered group and the padding are left out ----------
+
+
+def test_bucket_quantum_by_hand():
+    from scalerl_jax.train.rl_batch import bucket_quantum
+
+    assert bucket_quantum(256, 1, 8) == 0  # one bucket: no compaction
+    assert bucket_quantum(256, 4, 8) == 64  # 256 / 4
+    assert bucket_quantum(256, 8, 8) == 32
+    assert bucket_quantum(256, 8, 48) == 48  # 32 rounded up to whole micro-batches x groups x shards
+    assert bucket_quantum(10, 4, 4) == 4  # ceil(10 / 4) = 3, rounded up to 4
+
+
+@pytest.mark.parametrize("normalization", ["batch", "prompt", "none"])
+def test_a_compacted_batch_is_the_kept_groups_rows_padded_to_the_quantum(normalization):
+    groups, rewards = groups_and_rewards()
+    cfg = LossConfig(normalization=normalization, filter_zero_variance=True)
+    batch, stats = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                     loss_cfg=cfg, row_quantum=2)
+    # groups 0 and 1 (5 rows) are kept, group 2 is filtered: 5 rows round up to 6; row 5 is padding
+    keep = [0, 1, 2, 3, 4]
+    pad_row = np.array([[P] * T], np.int32)
+    np.testing.assert_array_equal(batch.tokens, np.concatenate([np.array(TOKENS, np.int32)[keep], pad_row]))
+    np.testing.assert_array_equal(batch.loss_mask, np.array(MASK, np.float32)[keep + [7]])
+    np.testing.assert_array_equal(batch.gen_logp, np.array(GEN_LOGP, np.float32)[keep + [7]])
+    np.testing.assert_array_equal(batch.staleness, np.array(STALENESS, np.int32)[keep + [7]])
+    np.testing.assert_array_equal(batch.rewards, np.array(REWARDS, np.float32)[keep + [7]])
+    np.testing.assert_array_equal(batch.truncated, np.array(TRUNCATED, np.float32)[keep + [7]])
+    np.testing.assert_array_equal(batch.group_ids, np.array([0, 0, 1, 1, 1, 2], np.int32))
+    # the advantages of the full batch: normalised over every completion, not over the rows that are left
+    np.testing.assert_allclose(batch.advantages, np.array(ADVANTAGES[normalization])[keep + [7]], rtol=1e-5,
+                               atol=1e-7)
+    # the stats are the full batch's (the filtered group still counts in rewards, lengths and versions)
+    assert stats.n_groups == 3 and stats.n_filtered_groups == 1 and stats.n_tokens == 18
+    assert stats.reward_mean == pytest.approx(1 / 7) and stats.truncation_rate == pytest.approx(2 / 7)
+    assert stats.min_version == 3 and stats.max_staleness == 2
+    # a quantum as large as the batch gives the full row count; every group kept needs all 8 rows at quantum 4
+    big, _ = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD, loss_cfg=cfg,
+                               row_quantum=8)
+    assert big.tokens.shape == (8, T)
+    unfiltered, _ = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                      loss_cfg=LossConfig(normalization=normalization, filter_zero_variance=False),
+                                      row_quantum=4)
+    assert unfiltered.tokens.shape == (8, T)  # 7 real rows round up to 8: only padding could be left out
+    np.testing.assert_array_equal(unfiltered.tokens, np.array(TOKENS, np.int32))
+
+
+def test_a_compacted_batch_keeps_groups_inside_their_micro_batches():
+    groups, rewards = groups_and_rewards()
+    # group 0 (2 rows) and group 1 (3 rows) kept; 2 micro-batches of 4 rows would split group 1, so it is refused
+    # exactly as a full batch whose groups straddle would be
+    with pytest.raises(ValueError, match="straddles"):
+        build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                          loss_cfg=LossConfig(filter_zero_variance=True), microbatches=2, row_quantum=4)
+    # groups of two: each micro-batch holds whole groups and their ids are local to it
+    g = [[comp([3], [8, 1], [-0.1, -0.2], [5, 5]), comp([3], [9, 1], [-0.3, -0.4], [5, 5])] for _ in range(4)]
+    r = [np.array([1.0, -1.0]), np.array([1.0, 1.0]), np.array([-1.0, 1.0]), np.array([1.0, -1.0])]
+    batch, _ = build_train_batch(g, r, version=VERSION, seq_len=T, n_rows=8, pad_id=PAD,
+                                 loss_cfg=LossConfig(filter_zero_variance=True), microbatches=2, row_quantum=4)
+    assert batch.tokens.shape == (8, T)  # 6 kept rows round up to 8 (the full batch)
+    # kept groups 0, 2, 3 become 0, 1, 2 (j mod 4 rows per micro-batch); the padding rows take 3 and 4 mod 4 = 0,
+    # distinct from group 2 in their micro-batch
+    np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1, 2, 2, 3, 0])
+    np.testing.assert_array_equal(batch.rewards, [1, -1, -1, 1, 1, -1, 0, 0])
+
+
+def test_the_loss_and_gradient_of_a_compacted_batch_are_the_full_batchs():
+    """The RL loss of a model on the compacted batch against the same loss on the full batch (the arrays of the
+    test above): equal up to float summation order, parameters' gradients included."""
+    import jax
+
+    from scalerl_jax.models import init_params
+    from scalerl_jax.models.presets import tiny
+    from scalerl_jax.train.rl import rl_loss
+
+    cfg = dataclasses_replace(tiny(), max_seq_len=T, attn_chunk=T)
+    params = init_params(cfg, jax.random.key(0), std=0.2)
+    groups, rewards = groups_and_rewards()
+    for kind, agg in (("cispo", "prompt"), ("dapo", "token"), ("gspo", "sample")):
+        lcfg = LossConfig(kind=kind, aggregation=agg, filter_zero_variance=True)
+        loss_fn = jax.value_and_grad(rl_loss(cfg, lcfg), has_aux=True)
+        out = {}
+        for q in (0, 2):
+            batch, _ = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                         loss_cfg=lcfg, row_quantum=q)
+            out[q] = loss_fn(params, batch.as_dict())
+        (l_full, m_full), g_full = out[0]
+        (l_cmp, m_cmp), g_cmp = out[2]
+        assert abs(float(l_full)) > 1e-4  # a loss with something in it
+        np.testing.assert_allclose(float(l_cmp), float(l_full), rtol=1e-5)
+        for k in ("n_tokens", "n_samples", "n_prompts", "is_ratio_mean", "staleness_max"):
+            np.testing.assert_allclose(float(m_cmp[k]), float(m_full[k]), rtol=1e-5, err_msg=k)
+        for a, b in zip(jax.tree.leaves(g_cmp), jax.tree.leaves(g_full)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)

@@ -246,8 +246,11 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
     exp = make_exp(mode="ppo_off_policy", k=1, steps=steps, npr=True, seed=5)
     _, _, summary = run_trainer(tmp_path, exp, data=data, score=score, wrap_generator=wrap, on_batch=on_batch)
 
-    # 1. rows of zero-variance groups carry no loss: mask 0 and advantage 0; informative groups do train
+    # 1. rows of zero-variance groups carry no loss: the compacted batch (TrainConfig.row_buckets = 4: sizes of 4,
+    # 8, 12 or 16 rows) leaves them out, and any that stay (none here) would have mask 0 and advantage 0;
+    # informative groups do train
     G = exp.rollout.group_size
+    assert exp.train.row_buckets == 4
     for step, rb, batch in trained:
         # a prompt may be drawn twice into one batch: it is zero-variance only if every one of its groups is
         informative_ids = {p.prompt_id for p, r in zip(rb.problems, rb.rewards) if not np.all(r == r[0])}
@@ -262,7 +265,9 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
         informative = [p.prompt_id for p in rb.problems if p.prompt_id not in zero_var]
         for pid in informative:
             assert sum(mask[i].sum() for i, q in enumerate(pids) if q == pid) > 0
-        assert sum(q is not None for q in pids) == len(rb.problems) * G
+        n_informative = sum(not np.all(r == r[0]) for r in rb.rewards)
+        assert sum(q is not None for q in pids) == n_informative * G, (step, pids)
+        assert len(pids) == max(4, -(-n_informative * G // 4) * 4), (step, len(pids), n_informative)
 
     # 2. metrics count the filtered groups per batch (train and all-filtered "error" rows alike)
     rows = [r for r in read_metrics(tmp_path) if r["kind"] in ("train", "error")]
@@ -287,6 +292,10 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
                 removed_at[pid] = call
         assert row["npr_removed"] == len(removed)
     assert summary["filtered_groups"] == sum(r["n_filtered_groups"] for r in rows)
+    trained_rows = {step: int(np.asarray(batch.tokens).shape[0]) for step, _, batch in trained}
+    assert any(n < exp.rollout.prompts_per_batch * G for n in trained_rows.values())  # compaction happened
+    assert [r["train_rows"] for r in rows if r["kind"] == "train"] == [trained_rows[r["step"] - 1] for r in rows
+                                                                        if r["kind"] == "train"]
     assert summary["npr"]["n_removed"] == len(removed)
     assert {i for i in train_ids if i % 3 == 0} <= removed and not any(i % 3 == 1 for i in removed)
 

@@ -7,7 +7,8 @@ the same method in :meth:`TrainerCore.follow`, so the collectives inside (the tr
 orbax's) line up. In a single process there is no channel and nothing is sent.
 
 - ``step(batch)``: the leader's host batch reaches every process (broadcast); each places only the rows its own
-  devices hold, and the same jitted step runs on the global mesh.
+  devices hold, and the same jitted step runs on the global mesh (one compiled program per row count of a
+  compacted batch, ``row_quantum``).
 - ``generator_params()``: the current weights for the generators. One process: device copies (the embedded
   engine reads them in place). Several: gathered once to host NumPy on every process (a collective), used by the
   leader only.
@@ -19,6 +20,7 @@ orbax's) line up. In a single process there is no channel and nothing is sent.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from scalerl_jax.config import ExperimentConfig
 from scalerl_jax.models.hf_sharded import ReadStats
 from scalerl_jax.train.optim import make_optimizer
 from scalerl_jax.train.rl import rl_loss
-from scalerl_jax.train.rl_batch import build_train_batch
+from scalerl_jax.train.rl_batch import bucket_quantum, build_train_batch
 from scalerl_jax.train.state_init import init_sharded_state
 from scalerl_jax.train.step import TrainState, jit_train_step, make_train_step, state_shardings
 
@@ -58,6 +60,9 @@ class TrainerCore:
         dummy = build_train_batch([], [], version=0, loss_cfg=exp.loss, seq_len=seq_len, n_rows=self.n_rows,
                                   pad_id=pad_id)[0].as_dict()
         self.batch_sh = shd.batch_shardings(dummy, self.mesh)
+        # compacted batches (TrainConfig.row_buckets) keep whole groups, whole micro-batches and whole shards
+        self.row_quantum = bucket_quantum(self.n_rows, self.tcfg.row_buckets, math.lcm(
+            self.tcfg.microbatches * exp.rollout.group_size, shd.batch_shards(self.mesh)))
         self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
         self.ckpt = RunCheckpointer(Path(run_dir) / "checkpoints", keep=self.tcfg.keep_checkpoints)
         self.read_stats = ReadStats()  # the base weights' bytes this process read (its own shards only)

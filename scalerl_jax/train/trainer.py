@@ -228,7 +228,7 @@ class RLTrainer:
         t_batch = time.perf_counter()
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
-                                         microbatches=self.tcfg.microbatches)
+                                         microbatches=self.tcfg.microbatches, row_quantum=self.core.row_quantum)
         batch_s = time.perf_counter() - t_batch
         self.counters.filtered_groups += stats.n_filtered_groups
         base = {"step": step, "reward_mean": stats.reward_mean, "pass_rate": stats.pass_rate,
@@ -267,7 +267,9 @@ class RLTrainer:
         if push:
             self._push_weights()
         t_clock()
+        # truncation over the real completions (the step's own mean runs over the batch's rows, padding included)
         row = {"kind": "train", **base, **{k: float(v) for k, v in m.items()}, "step": int(self.state.step),
+               "truncation_rate": stats.truncation_rate, "train_rows": int(batch.tokens.shape[0]),
                "batch_staleness": staleness, "step_seconds": dt, "weight_sync_seconds": self.last_sync_s,
                "score_seconds": rb.score_seconds, "batch_seconds": batch_s, "wait_seconds": self._wait_s,
                "loop_seconds": time.perf_counter() - self._loop_t0,

@@ -451,7 +451,7 @@ class TrainConfig:
     # sizes of the train batch: groups the loss ignores (filtered zero-variance groups, missing prompts) are left
     # out and the rows padded up to the next of this many equal steps of the full batch, one compiled step per
     # size (the loss is the full batch's up to float summation order); 1: every batch has all its rows
-    row_buckets: int = 4
+    row_buckets: int = 8
     eval_every: int = 100  # steps between validation evals
     eval_samples: int = 16  # samples per validation prompt
     checkpoint_every: int = 50  # steps between checkpoints

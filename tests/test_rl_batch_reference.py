@@ -253,3 +253,14 @@ def dataclasses_replace(obj, **kw):
     import dataclasses
 
     return dataclasses.replace(obj, **kw)
+
+
+def test_a_compacted_batch_takes_the_smallest_compiled_size_that_holds_it():
+    groups, rewards = groups_and_rewards()
+    cfg = LossConfig(filter_zero_variance=True)
+    for sizes, want in (([], 8), ([4], 8), ([4, 6], 6), ([2, 4, 8], 8)):  # 5 kept rows: 6 by the quantum
+        batch, stats = build_train_batch(groups, rewards, version=VERSION, seq_len=T, n_rows=ROWS, pad_id=PAD,
+                                         loss_cfg=cfg, row_quantum=2, row_sizes=sizes)
+        assert batch.tokens.shape[0] == want and stats.rows_wanted == 6, sizes
+        np.testing.assert_array_equal(batch.tokens[:5], np.array(TOKENS, np.int32)[:5])
+        assert (batch.tokens[5:] == PAD).all() and batch.loss_mask[5:].sum() == 0

@@ -210,6 +210,23 @@ def test_ppo_off_policy_trains_k_minibatches_per_round(tmp_path):
 # ---- zero-variance filtering and No-Positive-Resampling ----------------------------------------------------------
 
 
+def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
+    """prepare_rows compiles in a background thread; the size is offered to batches only once it is ready."""
+    exp = make_exp(mode="ppo_off_policy", k=1, steps=1, seed=3)
+    logs = []
+    trainer, _ = build_trainer(tmp_path, exp, log=logs.append)
+    try:
+        assert trainer.core.row_quantum == 4 and trainer.core.row_sizes() == []
+        trainer.core.prepare_rows(8)
+        trainer.core.prepare_rows(8)  # once
+        trainer.core.prepare_rows(16)  # the full batch: jit's own
+        trainer.core._compile_pool.shutdown(wait=True)
+        assert trainer.core.row_sizes() == [8]
+        assert sum("compiled for compacted batches of 8 rows" in m for m in logs) == 1
+    finally:
+        trainer.close()
+
+
 def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_path):
     """Prompts with id % 3 == 0 are always solved (zero variance, then removed by NPR), id % 3 == 1 never solved
     (zero variance, filtered forever); the rest get the random even-first-token reward."""
@@ -244,13 +261,20 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
 
     steps = 9
     exp = make_exp(mode="ppo_off_policy", k=1, steps=steps, npr=True, seed=5)
-    _, _, summary = run_trainer(tmp_path, exp, data=data, score=score, wrap_generator=wrap, on_batch=on_batch)
+    trainer, _ = build_trainer(tmp_path, exp, data=data, score=score, wrap_generator=wrap, on_batch=on_batch)
+    try:
+        for rows in (4, 8, 12):  # what the loop compiles in the background when a batch first needs it, done now
+            trainer.core._compile_rows(rows)
+        assert trainer.core.row_sizes() == [4, 8, 12]
+        summary = trainer.run()
+    finally:
+        trainer.close()
 
-    # 1. rows of zero-variance groups carry no loss: the compacted batch (TrainConfig.row_buckets = 4: sizes of 4,
-    # 8, 12 or 16 rows) leaves them out, and any that stay (none here) would have mask 0 and advantage 0;
+    # 1. rows of zero-variance groups carry no loss: the compacted batch (TrainConfig.row_buckets: 16 rows in
+    # steps of 4, a group) leaves them out, and any that stay (none here) would have mask 0 and advantage 0;
     # informative groups do train
     G = exp.rollout.group_size
-    assert exp.train.row_buckets == 4
+    assert exp.train.row_buckets == 8
     for step, rb, batch in trained:
         # a prompt may be drawn twice into one batch: it is zero-variance only if every one of its groups is
         informative_ids = {p.prompt_id for p, r in zip(rb.problems, rb.rewards) if not np.all(r == r[0])}

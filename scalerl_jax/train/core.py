@@ -8,7 +8,8 @@ orbax's) line up. In a single process there is no channel and nothing is sent.
 
 - ``step(batch)``: the leader's host batch reaches every process (broadcast); each places only the rows its own
   devices hold, and the same jitted step runs on the global mesh (one compiled program per row count of a
-  compacted batch, ``row_quantum``).
+  compacted batch, ``row_quantum``; the leader compiles new counts in a background thread and pads batches to a
+  compiled count meanwhile, followers compile the count they receive on first use).
 - ``generator_params()``: the current weights for the generators. One process: device copies (the embedded
   engine reads them in place). Several: gathered once to host NumPy on every process (a collective), used by the
   leader only.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,10 @@ class TrainerCore:
         # compacted batches (TrainConfig.row_buckets) keep whole groups, whole micro-batches and whole shards
         self.row_quantum = bucket_quantum(self.n_rows, self.tcfg.row_buckets, math.lcm(
             self.tcfg.microbatches * exp.rollout.group_size, shd.batch_shards(self.mesh)))
+        self._batch_template = {k: (v.shape[1:], v.dtype) for k, v in dummy.items()}
+        self._compiled: dict[int, Any] = {}  # row count -> the step compiled for it (in the background)
+        self._compiling: set[int] = set()
+        self._compile_pool: ThreadPoolExecutor | None = None
         self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
         self.ckpt = RunCheckpointer(Path(run_dir) / "checkpoints", keep=self.tcfg.keep_checkpoints)
         self.read_stats = ReadStats()  # the base weights' bytes this process read (its own shards only)
@@ -110,8 +116,45 @@ class TrainerCore:
             placed = dist.put_global(batch, self.batch_sh)
         else:
             placed = jax.device_put(batch, self.batch_sh)
-        self.state, m = self.step_fn(self.state, placed)
+        # a compacted batch runs the program compiled for its row count; the full batch (and, on followers, any
+        # count) goes through jit, which compiles on first use
+        step_fn = self._compiled.get(int(batch["tokens"].shape[0]), self.step_fn)
+        self.state, m = step_fn(self.state, placed)
         return jax.device_get(m)
+
+    # ---- compacted batches: a train step per row count, compiled without stalling the loop ----
+
+    def row_sizes(self) -> list[int]:
+        """The row counts a compacted batch can take now without a compile: those compiled so far (and always the
+        full batch's)."""
+        return sorted(self._compiled)
+
+    def prepare_rows(self, rows: int) -> None:
+        """Compile the step for batches of ``rows`` rows in a background thread, once. Until it is ready the trainer
+        pads such batches up to a size already compiled (build_train_batch's ``row_sizes``), so the loop never
+        waits for a compile; a failed compile is logged and that size is never used."""
+        if rows >= self.n_rows or rows in self._compiled or rows in self._compiling:
+            return
+        self._compiling.add(rows)
+        if self._compile_pool is None:
+            self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-step")
+        self._compile_pool.submit(self._compile_rows, rows)
+
+    def _compile_rows(self, rows: int) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                 self.abstract_state, self.state_sh)
+            batch = {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=self.batch_sh[k])
+                     for k, (shape, dtype) in self._batch_template.items()}
+            self._compiled[rows] = self.step_fn.lower(state, batch).compile()
+            self.log(f"[rl] train step compiled for compacted batches of {rows} rows "
+                     f"({time.perf_counter() - t0:.1f}s, beside the loop)")
+        except Exception as e:  # noqa: BLE001 - a size that does not compile is simply not used
+            self.log(f"[rl] the train step for {rows} rows did not compile ({type(e).__name__}: {e}); batches of "
+                     "that size are padded to a larger one")
 
     def generator_params(self) -> Any:
         """The current weights for the generators (module docstring)."""
@@ -149,6 +192,8 @@ class TrainerCore:
     def close(self) -> None:
         if not getattr(self, "_closed", False):
             self._closed = True
+            if getattr(self, "_compile_pool", None) is not None:
+                self._compile_pool.shutdown(wait=False, cancel_futures=True)
             self.ckpt.close()
 
     # ---- the follower's side ----

@@ -35,6 +35,7 @@ class BatchStats:
     min_version: int
     max_staleness: int
     n_tokens: int
+    rows_wanted: int = 0  # the compacted batch's row count by the quantum alone (build_train_batch's row_sizes)
 
 
 def bucket_quantum(n_rows: int, buckets: int, multiple: int) -> int:
@@ -50,6 +51,7 @@ def bucket_quantum(n_rows: int, buckets: int, multiple: int) -> int:
 def build_train_batch(
     groups: Sequence[Sequence[Completion]], rewards: Sequence[np.ndarray], *, version: int, loss_cfg: LossConfig,
     seq_len: int, n_rows: int, pad_id: int, microbatches: int = 1, row_quantum: int = 0,
+    row_sizes: Sequence[int] | None = None,
 ) -> tuple[TrainBatch, BatchStats]:
     """Assemble one training batch from ``groups`` (G completions of one prompt each) and their rewards.
 
@@ -62,7 +64,9 @@ def build_train_batch(
     ``row_quantum`` (at most ``n_rows``) instead of to ``n_rows``. The loss is a sum over masked-in tokens whose
     weights count only masked-in tokens, rows and prompts (losses/policy.py), so it and its gradient are the
     full batch's up to the order of float summation; the advantages and the stats are computed over every
-    completion either way (batch normalisation's std includes the zero-variance groups).
+    completion either way (batch normalisation's std includes the zero-variance groups). ``row_sizes``: the row
+    counts the batch may take (those the train step has compiled); the smallest of them (or ``n_rows``) that holds
+    the compacted rows is used, and ``stats.rows_wanted`` says what the quantum alone would give.
     """
     rows = [c for g in groups for c in g]
     if len(rows) > n_rows:
@@ -85,9 +89,11 @@ def build_train_batch(
     if row_quantum > 0:
         chosen = [g for g in range(len(groups)) if group_kept[g] or not loss_cfg.filter_zero_variance]
         n_chosen = sum(len(groups[g]) for g in chosen)
-        B = min(n_rows, max(row_quantum, -(-n_chosen // row_quantum) * row_quantum))
+        wanted = min(n_rows, max(row_quantum, -(-n_chosen // row_quantum) * row_quantum))
+        B = wanted if row_sizes is None else min(x for x in (*row_sizes, n_rows) if wanted <= x <= n_rows)
     else:
         chosen, B = list(range(len(groups))), n_rows
+        wanted = B
     T = seq_len
     per_micro = B // microbatches
     tokens = np.full((B, T), pad_id, np.int32)
@@ -143,7 +149,7 @@ def build_train_batch(
         truncation_rate=float(np.mean([c.truncated for c in rows])) if rows else 0.0,
         interruption_rate=float(np.mean([c.interrupted for c in rows])) if rows else 0.0,
         completion_len_mean=float(np.mean(comp_lens)) if rows else 0.0, min_version=min_version,
-        max_staleness=max_staleness, n_tokens=int(mask.sum()),
+        max_staleness=max_staleness, n_tokens=int(mask.sum()), rows_wanted=wanted,
     )
     batch = TrainBatch(tokens=tokens, loss_mask=mask, gen_logp=gen_logp, staleness=staleness, advantages=adv,
                        rewards=rew, group_ids=gid, truncated=truncated)

@@ -228,7 +228,10 @@ class RLTrainer:
         t_batch = time.perf_counter()
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
-                                         microbatches=self.tcfg.microbatches, row_quantum=self.core.row_quantum)
+                                         microbatches=self.tcfg.microbatches, row_quantum=self.core.row_quantum,
+                                         row_sizes=self.core.row_sizes())
+        if stats.rows_wanted < batch.tokens.shape[0]:  # padded up for now: compile the smaller size beside the loop
+            self.core.prepare_rows(stats.rows_wanted)
         batch_s = time.perf_counter() - t_batch
         self.counters.filtered_groups += stats.n_filtered_groups
         base = {"step": step, "reward_mean": stats.reward_mean, "pass_rate": stats.pass_rate,

@@ -223,6 +223,18 @@ def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
         trainer.core._compile_pool.shutdown(wait=True)
         assert trainer.core.row_sizes() == [8]
         assert sum("compiled for compacted batches of 8 rows" in m for m in logs) == 1
+        # a size that fails to compile is reported and never offered
+        real = trainer.core.step_fn
+
+        class Broken:
+            def lower(self, *a):
+                raise RuntimeError("no such program")
+
+        trainer.core.step_fn = Broken()
+        trainer.core._compile_rows(12)
+        trainer.core.step_fn = real
+        assert trainer.core.row_sizes() == [8]
+        assert any("12 rows did not compile (RuntimeError: no such program)" in m for m in logs)
     finally:
         trainer.close()
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,7 @@ class TrainerCore:
             self.tcfg.microbatches * exp.rollout.group_size, shd.batch_shards(self.mesh)))
         self._batch_template = {k: (v.shape[1:], v.dtype) for k, v in dummy.items()}
         self._compiled: dict[int, Any] = {}  # row count -> the step compiled for it (in the background)
+        self._compiled_lock = threading.Lock()
         self._compiling: set[int] = set()
         self._compile_pool: ThreadPoolExecutor | None = None
         self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
@@ -118,16 +121,18 @@ class TrainerCore:
             placed = jax.device_put(batch, self.batch_sh)
         # a compacted batch runs the program compiled for its row count; the full batch (and, on followers, any
         # count) goes through jit, which compiles on first use
-        step_fn = self._compiled.get(int(batch["tokens"].shape[0]), self.step_fn)
+        with self._compiled_lock:
+            step_fn = self._compiled.get(int(batch["tokens"].shape[0]), self.step_fn)
         self.state, m = step_fn(self.state, placed)
         return jax.device_get(m)
 
     # ---- compacted batches: a train step per row count, compiled without stalling the loop ----
 
     def row_sizes(self) -> list[int]:
-        """The row counts a compacted batch can take now without a compile: those compiled so far (and always the
-        full batch's)."""
-        return sorted(self._compiled)
+        """The row counts below the full batch's that a compacted batch can take now without a compile: those
+        compiled so far (the full batch is always allowed: jit compiles it with the first step)."""
+        with self._compiled_lock:
+            return sorted(self._compiled)
 
     def prepare_rows(self, rows: int) -> None:
         """Compile the step for batches of ``rows`` rows in a background thread, once. Until it is ready the trainer
@@ -141,15 +146,15 @@ class TrainerCore:
         self._compile_pool.submit(self._compile_rows, rows)
 
     def _compile_rows(self, rows: int) -> None:
-        import time
-
         t0 = time.perf_counter()
         try:
             state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                  self.abstract_state, self.state_sh)
             batch = {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=self.batch_sh[k])
                      for k, (shape, dtype) in self._batch_template.items()}
-            self._compiled[rows] = self.step_fn.lower(state, batch).compile()
+            compiled = self.step_fn.lower(state, batch).compile()
+            with self._compiled_lock:
+                self._compiled[rows] = compiled
             self.log(f"[rl] train step compiled for compacted batches of {rows} rows "
                      f"({time.perf_counter() - t0:.1f}s, beside the loop)")
         except Exception as e:  # noqa: BLE001 - a size that does not compile is simply not used

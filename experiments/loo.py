@@ -124,6 +124,11 @@ def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tupl
     return args, plans
 
 
+#: config fields added after runs were written, with the value every run written before them ran with: a stored
+#: run whose config.json lacks one ran with this value (``train.row_buckets``: the full batch in every step, so a
+#: study stored before it is continued with ``--set train.row_buckets=1``, its FLOPs counted the same way)
+ADDED_FIELDS: dict[str, Any] = {"train.row_buckets": 1}
+
 #: the live forecast's fields that decide how a run goes (an early stop against a baseline); its other fields only
 #: shape the forecast rows, so a stored run with other values of them is still the planned run
 FORECAST_DECIDES = ("baseline", "stop_if_worse", "stop_min_evals", "stop_confirmations", "min_evals")
@@ -155,8 +160,12 @@ def config_differences(plan: ExperimentPlan, written: dict[str, Any]) -> list[st
         if isinstance(p, dict):
             for k, v in p.items():
                 walk(v, w.get(k, _MISSING) if isinstance(w, dict) else _MISSING, f"{path}.{k}" if path else k)
-        elif p != w and p != "auto":
-            diffs.append(f"{path}: ran {'nothing (absent)' if w is _MISSING else _short(w)}, planned {_short(p)}")
+        else:
+            if w is _MISSING and path in ADDED_FIELDS:
+                w = ADDED_FIELDS[path]
+            if p != w and p != "auto":
+                diffs.append(f"{path}: ran {'nothing (absent)' if w is _MISSING else _short(w)}, planned "
+                             f"{_short(p)}")
 
     walk(planned, written, "")
     return diffs

@@ -149,3 +149,15 @@ def test_commit_run_commits_only_the_stored_folder(tmp_path, monkeypatch):
     staged = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=repo, capture_output=True, text=True,
                             check=True).stdout.split()
     assert staged == ["unrelated.txt"]  # the user's own staged work is left as it was
+
+
+def test_a_stored_config_from_before_row_buckets_ran_the_full_batch():
+    """A config.json written before ``train.row_buckets`` existed ran every step on the full batch: it is the run
+    planned with ``row_buckets=1`` and not the one planned with the default 8 (whose FLOPs are counted otherwise)."""
+    plan = build_plan("smoke", "scalerl", seed=0)
+    written = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
+    del written["train"]["row_buckets"]
+    assert plan.exp.train.row_buckets == 8
+    assert loo.config_differences(plan, written) == ["train.row_buckets: ran 1, planned 8"]
+    full = R(plan, exp=R(plan.exp, train=R(plan.exp.train, row_buckets=1)))
+    assert loo.config_differences(full, written) == []

@@ -8,6 +8,7 @@ observations (token versions recorded by the engine, rewards the test's scorer g
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -237,6 +238,26 @@ def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
         assert any("12 rows did not compile (RuntimeError: no such program)" in m for m in logs)
     finally:
         trainer.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_compile_thread_yields_the_cpu_and_the_loop_keeps_its_priority():
+    import os
+
+    from scalerl_jax.train.core import COMPILE_NICE, _yield_cpu
+
+    seen = {}
+
+    def body():
+        _yield_cpu()
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen["thread"] == max(COMPILE_NICE, before) and COMPILE_NICE == 10
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
 def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_path):

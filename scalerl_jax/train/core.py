@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ from scalerl_jax.train.rl import rl_loss
 from scalerl_jax.train.rl_batch import bucket_quantum, build_train_batch
 from scalerl_jax.train.state_init import init_sharded_state
 from scalerl_jax.train.step import TrainState, jit_train_step, make_train_step, state_shardings
+
+COMPILE_NICE = 10  # niceness of the thread that compiles compacted batch sizes beside the loop
 
 
 class TrainerCore:
@@ -147,6 +150,7 @@ class TrainerCore:
 
     def _compile_rows(self, rows: int) -> None:
         t0 = time.perf_counter()
+        _yield_cpu()
         try:
             state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                  self.abstract_state, self.state_sh)
@@ -223,6 +227,16 @@ class TrainerCore:
                 return
             else:
                 raise RuntimeError(f"unknown command from the leader: {cmd!r}")
+
+
+def _yield_cpu(nice: int = COMPILE_NICE) -> None:
+    """Lower the calling thread's scheduling priority (on Linux a thread's niceness is its own, and threads it
+    starts inherit it): a background compile then takes the CPU the loop leaves, instead of slowing its steps."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+    except (AttributeError, OSError):  # not Linux, or not permitted: compile at the normal priority
+        pass
 
 
 # ---- start-up handshake: the leader tells the followers what to build --------------------------------------

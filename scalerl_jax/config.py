@@ -448,10 +448,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # global gradient-norm clip (0: off)
     steps: int = 1000  # RL steps (trainer updates)
     microbatches: int = 1  # gradient accumulation
-    # sizes of the train batch: groups the loss ignores (filtered zero-variance groups, missing prompts) are left
-    # out and the rows padded up to the next of this many equal steps of the full batch, one compiled step per
-    # size (the loss is the full batch's up to float summation order); 1: every batch has all its rows
-    row_buckets: int = 8
+    # groups the loss ignores (filtered zero-variance groups, missing prompts) are left out of the train step and
+    # the rows padded up to the next of this many equal steps of the full batch, one compiled step per size (the
+    # loss is the full batch's up to float summation order)
+    row_buckets: int = 8  # N: filtered groups left out, rows padded to the next N-th of the batch; 1: all rows
     eval_every: int = 100  # steps between validation evals
     eval_samples: int = 16  # samples per validation prompt
     checkpoint_every: int = 50  # steps between checkpoints

@@ -212,19 +212,18 @@ def test_ppo_off_policy_trains_k_minibatches_per_round(tmp_path):
 
 
 def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
-    """prepare_rows compiles in a background thread; the size is offered to batches only once it is ready."""
+    """prepare_rows compiles in a background thread, once per size; a failed compile is reported."""
     exp = make_exp(mode="ppo_off_policy", k=1, steps=1, seed=3)
     logs = []
     trainer, _ = build_trainer(tmp_path, exp, log=logs.append)
     try:
-        assert trainer.core.row_quantum == 4 and trainer.core.row_sizes() == []
+        assert trainer.core.row_quantum == 4 and trainer.core.compiled_rows() == []
         trainer.core.prepare_rows(8)
         trainer.core.prepare_rows(8)  # once
         trainer.core.prepare_rows(16)  # the full batch: jit's own
         trainer.core._compile_pool.shutdown(wait=True)
-        assert trainer.core.row_sizes() == [8]
+        assert trainer.core.compiled_rows() == [8]
         assert sum("compiled for compacted batches of 8 rows" in m for m in logs) == 1
-        # a size that fails to compile is reported and never offered
         real = trainer.core.step_fn
 
         class Broken:
@@ -234,10 +233,39 @@ def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
         trainer.core.step_fn = Broken()
         trainer.core._compile_rows(12)
         trainer.core.step_fn = real
-        assert trainer.core.row_sizes() == [8]
-        assert any("12 rows did not compile (RuntimeError: no such program)" in m for m in logs)
+        assert trainer.core.compiled_rows() == [8]
+        assert any("12 rows did not compile in the background (RuntimeError: no such program)" in m for m in logs)
     finally:
         trainer.close()
+
+
+def test_which_size_a_step_uses_does_not_depend_on_how_fast_it_compiles(tmp_path, monkeypatch):
+    """A size is used from ROW_SIZE_LEAD steps after a batch first wants it, however long its compile takes (the
+    loop waits for a late one): a run with compiles slowed by 3 s each trains the same rows and the same numbers,
+    bit for bit, as one without."""
+    from scalerl_jax.train import core as core_mod
+    from scalerl_jax.train.trainer import ROW_SIZE_LEAD
+
+    def run(sub, delay):
+        real = core_mod.TrainerCore._compile_rows
+
+        def slow(self, rows):
+            time.sleep(delay)
+            return real(self, rows)
+
+        monkeypatch.setattr(core_mod.TrainerCore, "_compile_rows", slow)
+        exp = make_exp(mode="ppo_off_policy", k=2, steps=14, seed=7, npr=False)
+        _, _, summary = run_trainer(tmp_path / sub, exp, score=even_first_token_score)
+        rows = read_metrics(tmp_path / sub, "train")
+        return [(r["train_rows"], r["loss"], r["n_filtered_groups"]) for r in rows], summary
+
+    fast, _ = run("fast", 0.0)
+    slow, _ = run("slow", 3.0)
+    assert fast == slow
+    sizes = [n for n, _, _ in fast]
+    assert min(sizes) < 16, sizes  # some steps were compacted
+    # no compacted size before ROW_SIZE_LEAD steps have passed
+    assert all(n == 16 for n in sizes[:ROW_SIZE_LEAD]), sizes
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
@@ -296,9 +324,7 @@ def test_zero_variance_groups_and_npr_removed_prompts_never_reach_the_loss(tmp_p
     exp = make_exp(mode="ppo_off_policy", k=1, steps=steps, npr=True, seed=5)
     trainer, _ = build_trainer(tmp_path, exp, data=data, score=score, wrap_generator=wrap, on_batch=on_batch)
     try:
-        for rows in (4, 8, 12):  # what the loop compiles in the background when a batch first needs it, done now
-            trainer.core._compile_rows(rows)
-        assert trainer.core.row_sizes() == [4, 8, 12]
+        trainer.size_from = {4: 0, 8: 0, 12: 0}  # every compacted size in use from the first step
         summary = trainer.run()
     finally:
         trainer.close()

@@ -8,8 +8,8 @@ orbax's) line up. In a single process there is no channel and nothing is sent.
 
 - ``step(batch)``: the leader's host batch reaches every process (broadcast); each places only the rows its own
   devices hold, and the same jitted step runs on the global mesh (one compiled program per row count of a
-  compacted batch, ``row_quantum``; the leader compiles new counts in a background thread and pads batches to a
-  compiled count meanwhile, followers compile the count they receive on first use).
+  compacted batch, ``row_quantum``; the leader compiles each count in a background thread some steps before its
+  batches use it, followers compile the count they receive on first use).
 - ``generator_params()``: the current weights for the generators. One process: device copies (the embedded
   engine reads them in place). Several: gathered once to host NumPy on every process (a collective), used by the
   leader only.
@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ class TrainerCore:
         self._batch_template = {k: (v.shape[1:], v.dtype) for k, v in dummy.items()}
         self._compiled: dict[int, Any] = {}  # row count -> the step compiled for it (in the background)
         self._compiled_lock = threading.Lock()
-        self._compiling: set[int] = set()
+        self._pending: dict[int, Future] = {}  # row count -> its background compile
         self._compile_pool: ThreadPoolExecutor | None = None
         self.step_fn = jit_train_step(step_fn, self.state_sh, self.batch_sh, self.mesh)
         self.ckpt = RunCheckpointer(Path(run_dir) / "checkpoints", keep=self.tcfg.keep_checkpoints)
@@ -122,31 +122,34 @@ class TrainerCore:
             placed = dist.put_global(batch, self.batch_sh)
         else:
             placed = jax.device_put(batch, self.batch_sh)
-        # a compacted batch runs the program compiled for its row count; the full batch (and, on followers, any
-        # count) goes through jit, which compiles on first use
+        # a compacted batch runs the program compiled for its row count (waiting for its background compile if that
+        # is still running); the full batch, a count whose compile failed and, on followers, every count go
+        # through jit, which compiles on first use
+        rows = int(batch["tokens"].shape[0])
+        pending = self._pending.get(rows)
+        if pending is not None:
+            pending.result()
         with self._compiled_lock:
-            step_fn = self._compiled.get(int(batch["tokens"].shape[0]), self.step_fn)
+            step_fn = self._compiled.get(rows, self.step_fn)
         self.state, m = step_fn(self.state, placed)
         return jax.device_get(m)
 
     # ---- compacted batches: a train step per row count, compiled without stalling the loop ----
 
-    def row_sizes(self) -> list[int]:
-        """The row counts below the full batch's that a compacted batch can take now without a compile: those
-        compiled so far (the full batch is always allowed: jit compiles it with the first step)."""
-        with self._compiled_lock:
-            return sorted(self._compiled)
-
     def prepare_rows(self, rows: int) -> None:
-        """Compile the step for batches of ``rows`` rows in a background thread, once. Until it is ready the trainer
-        pads such batches up to a size already compiled (build_train_batch's ``row_sizes``), so the loop never
-        waits for a compile; a failed compile is logged and that size is never used."""
-        if rows >= self.n_rows or rows in self._compiled or rows in self._compiling:
+        """Start compiling the step for batches of ``rows`` rows in a background thread (once). The trainer asks
+        for a size some steps before its batches use it (RLTrainer's ``size_from``); a batch that arrives earlier
+        waits for the compile, and a failed compile is logged and leaves the size to jit."""
+        if rows >= self.n_rows or rows in self._pending:
             return
-        self._compiling.add(rows)
         if self._compile_pool is None:
             self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-step")
-        self._compile_pool.submit(self._compile_rows, rows)
+        self._pending[rows] = self._compile_pool.submit(self._compile_rows, rows)
+
+    def compiled_rows(self) -> list[int]:
+        """The row counts whose background compile has finished."""
+        with self._compiled_lock:
+            return sorted(self._compiled)
 
     def _compile_rows(self, rows: int) -> None:
         t0 = time.perf_counter()
@@ -162,8 +165,8 @@ class TrainerCore:
             self.log(f"[rl] train step compiled for compacted batches of {rows} rows "
                      f"({time.perf_counter() - t0:.1f}s, beside the loop)")
         except Exception as e:  # noqa: BLE001 - a size that does not compile is simply not used
-            self.log(f"[rl] the train step for {rows} rows did not compile ({type(e).__name__}: {e}); batches of "
-                     "that size are padded to a larger one")
+            self.log(f"[rl] the train step for {rows} rows did not compile in the background ({type(e).__name__}: "
+                     f"{e}); batches of that size compile it when they run")
 
     def generator_params(self) -> Any:
         """The current weights for the generators (module docstring)."""

@@ -31,6 +31,10 @@ from scalerl_jax.train.core import TrainerCore
 from scalerl_jax.train.rl_batch import batch_is_finite, build_train_batch
 from scalerl_jax.train.step import TrainState
 
+#: steps between a compacted batch size's first request and its first use: its step compiles beside the loop
+#: meanwhile (TrainerCore.prepare_rows)
+ROW_SIZE_LEAD = 8
+
 
 def per_task_rewards(problems, rewards, key: str, count_key: str) -> dict[str, float]:
     """Each task's share of a scored set, for a multi-task run (empty when every problem has one task): per task
@@ -90,6 +94,7 @@ class RLTrainer:
         self.generator_devices = int(generator_devices)  # 0: generation shares the trainer's devices
         self.last_sync_s = 0.0
         self.counters = Counters()
+        self.size_from: dict[int, int] = {}  # compacted batch size -> the step from which batches use it
         self.curriculum = NPRCurriculum(threshold=exp.data.npr_threshold, enabled=exp.data.npr)
         self.prompts = data.train_iterator(self.curriculum)
         self.sampling = SamplingParams(temperature=self.rcfg.temperature, top_p=self.rcfg.top_p,
@@ -138,12 +143,16 @@ class RLTrainer:
     def _extras(self) -> dict[str, Any]:
         return {"step": int(self.state.step), "version": self.version, "data": self.producer.resume_state(),
                 "curriculum": self.curriculum.state_dict(), "counters": dataclasses.asdict(self.counters),
-                "metrics_offset": self.metrics.offset(), "seed": self.tcfg.seed}
+                "metrics_offset": self.metrics.offset(), "seed": self.tcfg.seed,
+                "row_sizes": {str(n): s for n, s in self.size_from.items()}}
 
     def _load_extras(self, extras: dict[str, Any]) -> None:
         self.curriculum.load_state_dict(extras["curriculum"])
         self.prompts.set_state(extras["data"])
         self.counters = Counters(**extras["counters"])
+        self.size_from = {int(n): int(s) for n, s in extras.get("row_sizes", {}).items()}
+        for n in self.size_from:
+            self.core.prepare_rows(n)
 
     def save_checkpoint(self) -> None:
         self.core.save(int(self.state.step), self._extras())
@@ -229,8 +238,12 @@ class RLTrainer:
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
                                          microbatches=self.tcfg.microbatches, row_quantum=self.core.row_quantum,
-                                         row_sizes=self.core.row_sizes())
-        if stats.rows_wanted < batch.tokens.shape[0]:  # padded up for now: compile the smaller size beside the loop
+                                         row_sizes=[n for n, s in self.size_from.items() if s <= step])
+        if stats.rows_wanted < self.n_rows and stats.rows_wanted not in self.size_from:
+            # a new size: compiled beside the loop, used from ROW_SIZE_LEAD steps on (until then such batches are
+            # padded to a size in use). Which size a step uses depends on the run alone, never on how fast the
+            # compile went, so a run and its resumption round the same way.
+            self.size_from[stats.rows_wanted] = step + ROW_SIZE_LEAD
             self.core.prepare_rows(stats.rows_wanted)
         batch_s = time.perf_counter() - t_batch
         self.counters.filtered_groups += stats.n_filtered_groups

@@ -8,8 +8,8 @@ orbax's) line up. In a single process there is no channel and nothing is sent.
 
 - ``step(batch)``: the leader's host batch reaches every process (broadcast); each places only the rows its own
   devices hold, and the same jitted step runs on the global mesh (one compiled program per row count of a
-  compacted batch, ``row_quantum``; the leader compiles each count in a background thread some steps before its
-  batches use it, followers compile the count they receive on first use).
+  compacted batch, ``row_quantum``; every process compiles each count in a background thread some steps before
+  its batches use it, on the leader's word).
 - ``generator_params()``: the current weights for the generators. One process: device copies (the embedded
   engine reads them in place). Several: gathered once to host NumPy on every process (a collective), used by the
   leader only.
@@ -123,8 +123,8 @@ class TrainerCore:
         else:
             placed = jax.device_put(batch, self.batch_sh)
         # a compacted batch runs the program compiled for its row count (waiting for its background compile if that
-        # is still running); the full batch, a count whose compile failed and, on followers, every count go
-        # through jit, which compiles on first use
+        # is still running); the full batch and a count whose compile failed go through jit, which compiles on
+        # first use
         rows = int(batch["tokens"].shape[0])
         pending = self._pending.get(rows)
         if pending is not None:
@@ -142,6 +142,7 @@ class TrainerCore:
         waits for the compile, and a failed compile is logged and leaves the size to jit."""
         if rows >= self.n_rows or rows in self._pending:
             return
+        self._send("prepare", {"rows": rows})  # followers compile it beside their loop too
         if self._compile_pool is None:
             self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-step")
         self._pending[rows] = self._compile_pool.submit(self._compile_rows, rows)
@@ -218,6 +219,8 @@ class TrainerCore:
                 self._step(arrays)
             elif cmd == "gather":
                 self._gather()
+            elif cmd == "prepare":
+                self.prepare_rows(int(meta["rows"]))
             elif cmd == "save":
                 self.ckpt.save(meta["step"], self.state, meta["extras"])
             elif cmd == "wait":

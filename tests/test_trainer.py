@@ -8,6 +8,7 @@ observations (token versions recorded by the engine, rewards the test's scorer g
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -266,6 +267,23 @@ def test_which_size_a_step_uses_does_not_depend_on_how_fast_it_compiles(tmp_path
     assert min(sizes) < 16, sizes  # some steps were compacted
     # no compacted size before ROW_SIZE_LEAD steps have passed
     assert all(n == 16 for n in sizes[:ROW_SIZE_LEAD]), sizes
+
+
+def test_a_resume_restores_the_size_schedule_its_batches_can_take(tmp_path):
+    exp = make_exp(mode="ppo_off_policy", k=1, steps=2, checkpoint_every=2, seed=3)
+    trainer, _ = build_trainer(tmp_path, exp)
+    try:
+        trainer.size_from = {4: 90, 8: 30, 12: 50}  # later than this run's steps: none used, all kept
+        trainer.run()
+    finally:
+        trainer.close()
+    for buckets, want in ((8, {4: 90, 8: 30, 12: 50}), (2, {8: 30}), (1, {})):  # quantum 4, 8, none
+        again = dataclasses.replace(exp, train=dataclasses.replace(exp.train, row_buckets=buckets, steps=3))
+        trainer, _ = build_trainer(tmp_path, again, resume=True)
+        try:
+            assert trainer.resumed_from == 2 and trainer.size_from == want, buckets
+        finally:
+            trainer.close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")

@@ -150,7 +150,10 @@ class RLTrainer:
         self.curriculum.load_state_dict(extras["curriculum"])
         self.prompts.set_state(extras["data"])
         self.counters = Counters(**extras["counters"])
-        self.size_from = {int(n): int(s) for n, s in extras.get("row_sizes", {}).items()}
+        # the sizes this run can take (a resume on another mesh or row_buckets may not divide them all)
+        q = self.core.row_quantum
+        self.size_from = {int(n): int(s) for n, s in extras.get("row_sizes", {}).items()
+                          if q and int(n) % q == 0 and int(n) < self.n_rows}
         for n in self.size_from:
             self.core.prepare_rows(n)
 

@@ -218,12 +218,12 @@ def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
     logs = []
     trainer, _ = build_trainer(tmp_path, exp, log=logs.append)
     try:
-        assert trainer.core.row_quantum == 4 and trainer.core.compiled_rows() == []
+        assert trainer.core.row_quantum == 4 and sorted(trainer.core._compiled) == []
         trainer.core.prepare_rows(8)
         trainer.core.prepare_rows(8)  # once
         trainer.core.prepare_rows(16)  # the full batch: jit's own
         trainer.core._compile_pool.shutdown(wait=True)
-        assert trainer.core.compiled_rows() == [8]
+        assert sorted(trainer.core._compiled) == [8]
         assert sum("compiled for compacted batches of 8 rows" in m for m in logs) == 1
         real = trainer.core.step_fn
 
@@ -234,7 +234,7 @@ def test_a_compacted_size_compiles_beside_the_loop(tmp_path):
         trainer.core.step_fn = Broken()
         trainer.core._compile_rows(12)
         trainer.core.step_fn = real
-        assert trainer.core.compiled_rows() == [8]
+        assert sorted(trainer.core._compiled) == [8]
         assert any("12 rows did not compile in the background (RuntimeError: no such program)" in m for m in logs)
     finally:
         trainer.close()

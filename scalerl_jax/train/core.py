@@ -147,11 +147,6 @@ class TrainerCore:
             self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-step")
         self._pending[rows] = self._compile_pool.submit(self._compile_rows, rows)
 
-    def compiled_rows(self) -> list[int]:
-        """The row counts whose background compile has finished."""
-        with self._compiled_lock:
-            return sorted(self._compiled)
-
     def _compile_rows(self, rows: int) -> None:
         t0 = time.perf_counter()
         _yield_cpu()

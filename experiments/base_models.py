@@ -203,7 +203,8 @@ def _make_char_arith(plan: ExperimentPlan, ws_dir: Path, run_dir: Path, log) -> 
     # chains: a longer prefix of the run's own training stream (the RL pool comes first; never a validation chain)
     n_train = max(plan.n_problems, exp.data.n_train or 0) if source == "chain" else exp.data.n_train
     data = build_prompt_data(source, val_size=exp.data.val_size, seed=exp.data.seed, n_train=n_train,
-                             chain_depths=(exp.data.chain_depth_lo, exp.data.chain_depth_hi))
+                             chain_depths=(exp.data.chain_depth_lo, exp.data.chain_depth_hi),
+                             arith_b_max=exp.data.arith_b_max)
     problems = data.train
     if code:  # both tasks in equal parts; the RL run's own splits, so the warm start never sees a validation prompt
         code_train, _ = code_split("synthetic", val_size=exp.data.code_val_size, seed=exp.data.seed)

@@ -155,7 +155,9 @@ def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
                                  **({"code_source": exp.data.code_source, "code_val_size": exp.data.code_val_size}
                                     if exp.data.code_source != "none" else {}),
                                  **({"chain_depths": [exp.data.chain_depth_lo, exp.data.chain_depth_hi]}
-                                    if exp.data.source == "chain" else {})},
+                                    if exp.data.source == "chain" else {}),
+                                 **({"arith_b_max": exp.data.arith_b_max}
+                                    if exp.data.source == "arith" and exp.data.arith_b_max != 99 else {})},
         "seed": exp.train.seed, "seq_len": plan.warm_seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
         "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
         "base_kind": plan.base_kind,

@@ -366,6 +366,7 @@ class DataConfig:
     seed: int = 0  # seed of the validation split and of the synthetic problems
     chain_depth_lo: int = 2  # source=chain: fewest additions of a problem (depth uniform over lo..hi)
     chain_depth_hi: int = 6  # source=chain: most additions of a problem
+    arith_b_max: int = 99  # source=arith: problems a+b*c with b <= this (2..99; 99 keeps all 78,400)
     npr: bool = True  # No-Positive-Resampling: retire prompts the policy solves
     npr_threshold: float = 0.9  # pass rate at which NPR retires a prompt for good
     skip_malformed: bool = False  # skip a malformed jsonl row instead of stopping at FILE:LINE
@@ -381,6 +382,7 @@ class DataConfig:
     code_template: str = "{question}\n\nWrite the solution as one Python code block."  # prompt of a jsonl code row
 
     def __post_init__(self) -> None:
+        _check(2 <= self.arith_b_max <= 99, f"data.arith_b_max must be in [2, 99], got {self.arith_b_max}")
         _check(self.val_size >= 1, f"data.val_size must be >= 1 (prompts held out for validation), got {self.val_size}")
         _check(self.n_train is None or self.n_train >= 1, f"data.n_train must be >= 1 or None, got {self.n_train}")
         _check(0.0 < self.npr_threshold <= 1.0, f"data.npr_threshold must be in (0, 1], got {self.npr_threshold}")

@@ -36,6 +36,9 @@ def test_warm_start_key_ignores_only_the_head_dtype():
     wider = R(base, exp=R(base.exp, model=R(base.exp.model, d_model=256)))
     assert warm_start_key(wider)["model"]["d_model"] == 256 != warm_start_key(base)["model"]["d_model"]
     assert warm_start_key(R(base, warm_steps=7)) != warm_start_key(base)
+    # the arithmetic's range is the warm start's data: another b_max is another base model
+    b_maxes = [warm_start_key(R(base, exp=R(base.exp, data=R(base.exp.data, arith_b_max=b)))) for b in (19, 20, 99)]
+    assert b_maxes[0] != b_maxes[1] != b_maxes[2] != b_maxes[0]
 
 
 def test_shared_warm_start_refuses_another_key(tmp_path):

@@ -31,7 +31,7 @@ import pytest
 
 from scalerl_jax.rewards.code_types import SandboxConfig
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 6.0  # the sandbox's wall clock and CPU limit; room for a loaded 2-core machine
 USER = "scalerl-redteam"
 MODES = ("bwrap", "rlimits", "rlimits-nons")  # rlimits-nons: Landlock and the tree sweep, no namespaces
 

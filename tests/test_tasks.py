@@ -88,6 +88,23 @@ def test_split_disjoint():
         arith_split(ARITH_SPACE, 1, seed=0)
 
 
+def test_split_with_b_max_keeps_only_small_multipliers():
+    # the space with b <= 19: a in 0..99 (100) x b in 2..19 (18) x c in 2..9 (8) = 14,400 triples
+    train, val = arith_split(None, 200, seed=3, b_max=19)
+    assert len(train) + len(val) == 100 * 18 * 8
+    triples = [_check(p) for p in train + val]
+    assert all(b <= 19 for _, b, _ in triples)
+    assert len(set(triples)) == 14_400  # every such triple once, train and validation disjoint
+    assert {b for _, b, _ in triples} == set(range(2, 20))
+    assert set(arith_split(300, 50, seed=3, b_max=19)[1]) <= set(val)  # a smaller held-out set is a subset
+    # the default (b_max 99) is the whole space, as before the argument existed
+    assert arith_split(100, 50, seed=1, b_max=99) == arith_split(100, 50, seed=1)
+    with pytest.raises(ValueError, match="b_max"):
+        arith_split(100, 50, seed=1, b_max=1)
+    with pytest.raises(ValueError, match="must be <= 14400"):
+        arith_split(14_400, 1, seed=0, b_max=19)
+
+
 def test_split_thinking():
     assert split_thinking("abc#d#12") == ("abc#d", "12")
     assert split_thinking("no marker") == ("no marker", None)

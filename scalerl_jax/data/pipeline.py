@@ -270,6 +270,7 @@ def build_prompt_data(
     question_key: str | None = None,
     answer_key: str | None = None,
     chain_depths: tuple[int, int] = (2, 6),
+    arith_b_max: int = 99,
 ) -> PromptData:
     """Training and validation problems for ``source`` ``"arith"`` (the synthetic task; ``n_train`` None = all
     remaining problems), ``"chain"`` (addition chains of ``chain_depths`` = (lo, hi) additions,
@@ -277,7 +278,7 @@ def build_prompt_data(
     ``{question}`` string or a callable question -> prompt). Arguments mirror :class:`scalerl_jax.config.DataConfig`
     (see :func:`from_config`)."""
     if source == "arith":
-        train, val = arith_split(n_train, val_size, seed)
+        train, val = arith_split(n_train, val_size, seed, b_max=arith_b_max)
     elif source == "chain":
         if n_train is None:
             raise ValueError("build_prompt_data: source 'chain' needs n_train (the training pool size)")
@@ -358,7 +359,7 @@ def from_config(cfg, *, code_render: Callable[[str], str] | None = None, **kwarg
     data = build_prompt_data(
         cfg.source, path=cfg.path, val_size=cfg.val_size, seed=cfg.seed, skip_malformed=cfg.skip_malformed,
         n_train=cfg.n_train, question_key=cfg.question_key, answer_key=cfg.answer_key,
-        chain_depths=(cfg.chain_depth_lo, cfg.chain_depth_hi), **kwargs
+        chain_depths=(cfg.chain_depth_lo, cfg.chain_depth_hi), arith_b_max=cfg.arith_b_max, **kwargs
     )
     if cfg.code_source == "none":
         return data

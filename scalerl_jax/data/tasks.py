@@ -103,21 +103,28 @@ def arith_problems(n: int, seed: int) -> list[Problem]:
     return [arith_problem(*arith_triple(int(i))) for i in _permuted_ids(seed)[:n]]
 
 
-def arith_split(n_train: int | None, n_val: int, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint ``(train, val)`` arithmetic sets from one seeded permutation of the whole problem space.
+def arith_split(n_train: int | None, n_val: int, seed: int,
+                b_max: int = B_RANGE[1]) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint ``(train, val)`` arithmetic sets from one seeded permutation of the problem space (the triples with
+    ``b <= b_max``; the default keeps all of them).
 
     The first ``n_val`` problems of the permutation are validation, the next ``n_train`` (all the rest when
     None) are training, so no validation triple can ever appear in training. Validation is sorted by prompt_id
     (a fixed order); training keeps the permutation order.
     """
-    n_rest = ARITH_SPACE - n_val
+    if not B_RANGE[0] <= b_max <= B_RANGE[1]:
+        raise ValueError(f"arith_split: b_max must be in [{B_RANGE[0]}, {B_RANGE[1]}], got {b_max}")
+    ids = _permuted_ids(seed)
+    if b_max < B_RANGE[1]:
+        ids = ids[(ids // _NC) % _NB + B_RANGE[0] <= b_max]
+    space = len(ids)
+    n_rest = space - n_val
     if n_val < 0 or n_rest < 0:
-        raise ValueError(f"arith_split: n_val must be in [0, {ARITH_SPACE}], got {n_val}")
+        raise ValueError(f"arith_split: n_val must be in [0, {space}], got {n_val}")
     if n_train is None:
         n_train = n_rest
     if not 0 <= n_train <= n_rest:
-        raise ValueError(f"arith_split: n_train + n_val must be <= {ARITH_SPACE}, got {n_train} + {n_val}")
-    ids = _permuted_ids(seed)
+        raise ValueError(f"arith_split: n_train + n_val must be <= {space}, got {n_train} + {n_val}")
     val = [arith_problem(*arith_triple(int(i))) for i in np.sort(ids[:n_val])]
     train = [arith_problem(*arith_triple(int(i))) for i in ids[n_val : n_val + n_train]]
     return train, val

@@ -116,8 +116,8 @@ def test_a_stored_run_of_another_config_is_run_again_and_kept_aside(tmp_path, fa
     assert loo.main(["--preset", "fakepreset", "--variants", "scalerl", "--out", str(out), "--store", str(kept),
                      "--compute-key", "flops"]) == 0
     said = capsys.readouterr().out
-    assert "train.lr: ran 0.0001, planned 3e-05" in said and fake_runs == [str(out / "scalerl_s0")]
-    assert json.loads((kept / "scalerl_s0" / "config.json").read_text())["train"]["lr"] == 3e-5
+    assert f"train.lr: ran 0.0001, planned {plan.exp.train.lr:g}" in said and fake_runs == [str(out / "scalerl_s0")]
+    assert json.loads((kept / "scalerl_s0" / "config.json").read_text())["train"]["lr"] == plan.exp.train.lr
     aside = kept / "superseded" / "scalerl_s0.1"
     assert json.loads((aside / "config.json").read_text())["train"]["lr"] == 1e-4  # nothing lost
 
@@ -161,3 +161,15 @@ def test_a_stored_config_from_before_row_buckets_ran_the_full_batch():
     assert loo.config_differences(plan, written) == ["train.row_buckets: ran 1, planned 8"]
     full = R(plan, exp=R(plan.exp, train=R(plan.exp.train, row_buckets=1)))
     assert loo.config_differences(full, written) == []
+
+
+def test_a_stored_config_from_before_arith_b_max_ran_the_whole_arithmetic():
+    """A config.json written before ``data.arith_b_max`` existed ran on every a+b*c with b <= 99: the run planned with
+    ``arith_b_max=99``, not the tiny preset's smaller multiplication table."""
+    plan = build_plan("smoke", "scalerl", seed=0)
+    written = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
+    del written["data"]["arith_b_max"]
+    assert plan.exp.data.arith_b_max == 9
+    assert loo.config_differences(plan, written) == ["data.arith_b_max: ran 99, planned 9"]
+    whole = R(plan, exp=R(plan.exp, data=R(plan.exp.data, arith_b_max=99)))
+    assert loo.config_differences(whole, written) == []

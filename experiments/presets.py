@@ -36,15 +36,16 @@ def tiny_plan(seed: int = 0) -> ExperimentPlan:
     """The CPU default (DESIGN.md): ~0.8M-parameter model, synthetic arithmetic ``a+b*c`` with single-digit b and c
     (``data.arith_b_max=9``: 6,400 problems), every ScaleRL component on.
 
-    The warm start (512 x 128 supervised steps) learns the scratchpad well (~87-90 % of the answers it marks are
+    The warm start (512 x 128 supervised steps) learns the scratchpad well (~87-92 % of the answers it marks are
     right) but 60 % of its targets stop after the scratchpad without marking an answer (``#Y``), so the
     warm-started policy commits to an answer in only ~40 % of samples (~33-39 % validation pass rate at T = 1).
     RL has to learn to commit: a behaviour every prompt shares, which it learns in ~100 steps at lr 5e-5 while the
-    accuracy of the answers it marks stays at 0.85-0.91, so the curve bends to a ceiling in the run's first half
-    and its first half pins the ceiling A (docs/results/tiny.md). With two-digit b (``arith_b_max=99``, the preset
-    until then) the marked answers' accuracy is ~0.7 and RL moves it by up to 0.2 between evals 4 steps apart: the
-    curve keeps creeping or falls back, and the first half's A interval was 0.3-0.4 wide on most seeds. Evaluates
-    every 4 steps: the fit of the first half needs the points (docs/results/fit_resolution.md)."""
+    accuracy of the answers it marks stays at 0.84-0.93, so the curve is the commitment curve and the first half's
+    fit holds the ceiling A in a 90 % interval 0.13-0.17 wide on seeds 0-2 (docs/results/tiny.md). With two-digit b
+    (``arith_b_max=99``, the preset until then) the marked answers' accuracy starts near 0.7 and RL moves it (0.69 ->
+    0.45 in 40 steps on one seed, then swings of 0.05-0.08 between evals 4 steps apart): the curve kept creeping or
+    fell back, and the first half's A interval was 0.3-0.4 wide on most seeds. Evaluates every 4 steps: the fit of
+    the first half needs the points (docs/results/fit_resolution.md)."""
     length = LengthConfig(kind="interruption", think_budget_lo=20, think_budget_hi=26, answer_budget=5,
                           think_end="#", interruption_text="#", penalty_max_len=24, penalty_cache=6)
     exp = ExperimentConfig(

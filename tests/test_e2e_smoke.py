@@ -134,8 +134,8 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
 @pytest.mark.lane
 def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
-    pass rate on prompts it trains on. Measured from the smoke warm start: 0.16 -> 0.34 / 0.51 / 0.62 / 0.72
-    after 8 / 16 / 24 / 32 on-policy steps at lr 1e-4 on 32 fixed prompts."""
+    pass rate on prompts it trains on: by at least 0.25 in 32 on-policy steps at lr 1e-4 on 32 fixed prompts of the
+    preset's own task (from the smoke warm start on the earlier two-digit task: 0.16 -> 0.72)."""
     import dataclasses
 
     from experiments.presets import build_plan
@@ -150,7 +150,7 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     exp = R(exp, out_dir=str(tmp_path / "fixed"), data=R(exp.data, npr=False),
             rollout=R(exp.rollout, mode="ppo_off_policy", k=1, length=R(exp.rollout.length, kind="none")),
             train=R(exp.train, steps=32, lr=1e-4, eval_every=32, eval_samples=8, checkpoint_every=1000))
-    fixed = build_prompt_data("arith", val_size=96, seed=0).train[:32]
+    fixed = build_prompt_data("arith", val_size=96, seed=0, arith_b_max=exp.data.arith_b_max).train[:32]
     params, _ = load_hf_checkpoint(smoke_run / "warmstart")
     trainer = build_trainer(R(plan, exp=exp), params, PromptData(train=fixed, val=fixed),
                             tok=HFTokenizer(str(smoke_run / "warmstart")), log=lambda s: None)

@@ -126,7 +126,8 @@ def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tupl
 
 #: config fields added after runs were written, with the value every run written before them ran with: a stored
 #: run whose config.json lacks one ran with this value (``train.row_buckets``: the full batch in every step, so a
-#: study stored before it is continued with ``--set train.row_buckets=1``, its FLOPs counted the same way)
+#: study stored before it is continued with ``--set train.row_buckets=1``, its FLOPs counted the same way;
+#: ``data.arith_b_max``: every a+b*c with b <= 99)
 ADDED_FIELDS: dict[str, Any] = {"train.row_buckets": 1, "data.arith_b_max": 99}
 
 #: the live forecast's fields that decide how a run goes (an early stop against a baseline); its other fields only

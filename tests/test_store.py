@@ -151,25 +151,17 @@ def test_commit_run_commits_only_the_stored_folder(tmp_path, monkeypatch):
     assert staged == ["unrelated.txt"]  # the user's own staged work is left as it was
 
 
-def test_a_stored_config_from_before_row_buckets_ran_the_full_batch():
-    """A config.json written before ``train.row_buckets`` existed ran every step on the full batch: it is the run
-    planned with ``row_buckets=1`` and not the one planned with the default 8 (whose FLOPs are counted otherwise)."""
+@pytest.mark.parametrize(("section", "field", "then", "now"), [
+    ("train", "row_buckets", 1, 8),  # before it existed every step ran on the full batch (FLOPs counted otherwise)
+    ("data", "arith_b_max", 99, 9),  # before it existed the arithmetic was every a+b*c with b <= 99
+])
+def test_a_stored_config_from_before_a_field_existed_ran_its_old_behaviour(section, field, then, now):
+    """A config.json written before a field existed is the run planned with the value that reproduces what ran then,
+    not the one planned with today's preset value."""
     plan = build_plan("smoke", "scalerl", seed=0)
     written = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
-    del written["train"]["row_buckets"]
-    assert plan.exp.train.row_buckets == 8
-    assert loo.config_differences(plan, written) == ["train.row_buckets: ran 1, planned 8"]
-    full = R(plan, exp=R(plan.exp, train=R(plan.exp.train, row_buckets=1)))
-    assert loo.config_differences(full, written) == []
-
-
-def test_a_stored_config_from_before_arith_b_max_ran_the_whole_arithmetic():
-    """A config.json written before ``data.arith_b_max`` existed ran on every a+b*c with b <= 99: the run planned with
-    ``arith_b_max=99``, not the tiny preset's smaller multiplication table."""
-    plan = build_plan("smoke", "scalerl", seed=0)
-    written = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
-    del written["data"]["arith_b_max"]
-    assert plan.exp.data.arith_b_max == 9
-    assert loo.config_differences(plan, written) == ["data.arith_b_max: ran 99, planned 9"]
-    whole = R(plan, exp=R(plan.exp, data=R(plan.exp.data, arith_b_max=99)))
-    assert loo.config_differences(whole, written) == []
+    del written[section][field]
+    assert getattr(getattr(plan.exp, section), field) == now
+    assert loo.config_differences(plan, written) == [f"{section}.{field}: ran {then}, planned {now}"]
+    old = R(plan, exp=R(plan.exp, **{section: R(getattr(plan.exp, section), **{field: then})}))
+    assert loo.config_differences(old, written) == []

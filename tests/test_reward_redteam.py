@@ -434,6 +434,12 @@ def run_redteam(mode: str) -> dict:
             jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), he.tests), host.fill(CASES[n][1], he.tests),
                             CASES[n][2]) for n in names]
             results = pool.map(jobs)
+            # a case that ran out of the wall clock beside the CPU-bound cases (4 workers on a loaded machine) is
+            # graded once more on its own; a pass in either grading still fails the test
+            again = [i for i, r in enumerate(results)
+                     if not r.passed and r.reason == "timeout" and "timeout" not in CASES[names[i]][3]]
+            for i, r in zip(again, pool.map([jobs[i] for i in again]), strict=True):
+                results[i] = r
             # the honest program passes under the same pool: the failures above are the techniques', not the setup's
             honest = pool.map([CodeJob("def add(a, b):\n    return a + b\n", _ADD_TESTS),
                                CodeJob(he.reference_program(), he.tests, he.entry_point)])

@@ -133,7 +133,7 @@ def first_pass(argv: list[str], presets: dict, prog: str) -> tuple[str | None, s
 def parse_run_args(argv: list[str], preset: str, variant: str, seed: int, *, presets: dict, prog: str,
                    doc: str | None) -> tuple[RunArgs, ExperimentPlan]:
     """Parse the command line with ``preset``'s plan (its ``variant``, ``seed``) as every default."""
-    plan: ExperimentPlan = build_plan(preset, variant, seed=seed)
+    plan: ExperimentPlan = build_plan(preset, variant, seed=seed, presets=presets)
     out = f"runs/{preset}{'' if variant == 'scalerl' else '_' + variant}_s{seed}"
     default = RunArgs(preset=preset, variant=variant, seed=seed, exp=dataclasses.replace(plan.exp, out_dir=out))
     description = (f"{doc or __doc__}\n\n{preset_help(presets, VARIANTS, LOO_VARIANTS)}\n\nDefaults below: --preset "

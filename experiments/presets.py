@@ -293,8 +293,10 @@ LOO_VARIANTS = ("ppo_off_policy", "dapo", "gspo", "bf16_head", "sample_agg", "to
                 "no_zvf", "no_npr", "length_penalty")
 
 
-def build_plan(preset: str, variant: str = "scalerl", seed: int = 0) -> ExperimentPlan:
-    table = {**PRESETS, **MOE_PRESETS}
+def build_plan(preset: str, variant: str = "scalerl", seed: int = 0,
+               presets: dict[str, Callable[[int], ExperimentPlan]] | None = None) -> ExperimentPlan:
+    """``preset``'s plan (from ``presets``; default every preset, dense and MoE) with ``variant`` applied."""
+    table = {**PRESETS, **MOE_PRESETS} if presets is None else presets
     if preset not in table:
         raise KeyError(f"unknown preset {preset!r}; choose one of {sorted(table)}")
     if variant not in VARIANTS:

@@ -243,6 +243,19 @@ def test_set_is_an_alias_of_the_field_flags():
     assert exp_of().train == tiny.train and exp_of().out_dir == "runs/tiny_s0"
 
 
+def test_an_entry_point_builds_its_plans_from_the_presets_it_is_given():
+    """``main(presets=...)`` (how ``experiments.scout_moe`` reuses math_8b's command line) takes each plan from its
+    own table, not from the module's, so a table whose "tiny" differs is the one that runs."""
+    import json
+
+    own = {"tiny": lambda seed: dataclasses.replace(
+        PRESETS["tiny"](seed), exp=dataclasses.replace(PRESETS["tiny"](seed).exp, name="own_tiny"))}
+    code, out, _ = _run(lambda argv: math_8b.main(argv, presets=own), ["--preset", "tiny", "--print-config"])
+    assert code == 0 and json.loads(out)["name"] == "own_tiny_scalerl"
+    code, out, _ = _run(math_8b.main, ["--preset", "tiny", "--print-config"])
+    assert code == 0 and json.loads(out)["name"] == "scalerl_tiny_scalerl"
+
+
 def test_run_flags_reach_the_resolved_config():
     import json
 

@@ -76,11 +76,11 @@ def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
 def run_preset(preset: str, steps: int, out: Path, sets: list[str]) -> tuple[list[dict], int]:
     """Run ``steps`` RL steps of ``preset`` into ``out/<preset>`` (parsed as ``python -m experiments.math_8b
     --preset PRESET --steps STEPS --set ...`` would be); its metrics rows and its eval_every."""
-    from experiments.math_8b import apply_run_flags, parse_run_args
-    from experiments.run_path import run_experiment
+    from scalerl_jax.experiments.math_8b import apply_run_flags, parse_run_args
+    from scalerl_jax.experiments.run_path import run_experiment
 
     argv = ["--preset", preset, "--steps", str(steps), *[x for kv in sets for x in ("--set", kv)]]
-    from experiments.presets import PRESETS
+    from scalerl_jax.experiments.presets import PRESETS
 
     args, plan = parse_run_args(argv, preset, "scalerl", 0, presets=PRESETS, prog="benchmarks.bench_loop", doc=None)
     plan = apply_run_flags(plan, args, "benchmarks.bench_loop")

@@ -35,8 +35,8 @@ def worker(out: str, steps: int, warmup: int, model: str) -> None:
 
     import jax
     import numpy as np
+    from scalerl_jax.experiments.presets import build_plan
 
-    from experiments.presets import build_plan
     from scalerl_jax.models import init_params, llama_100m
     from scalerl_jax.train.core import TrainerCore
     from scalerl_jax.train.rl_batch import build_train_batch

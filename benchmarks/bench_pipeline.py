@@ -34,9 +34,9 @@ def main() -> None:
     a = ap.parse_args()
 
     import jax
+    from scalerl_jax.experiments.presets import smoke_plan
+    from scalerl_jax.experiments.run_path import build_trainer
 
-    from experiments.presets import smoke_plan
-    from experiments.run_path import build_trainer
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.metrics import read_metrics

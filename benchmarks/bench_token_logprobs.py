@@ -10,7 +10,7 @@ compiled in the same run.
 
 - naive: ``scalerl_jax.losses.token_logprobs_naive`` (full float32 logits);
 - chunked: ``scalerl_jax.losses.token_logprobs`` (``--chunk`` positions per block under lax.map + checkpoint);
-- kernel: ``kernels.token_logprobs.token_logprobs`` with ``interpret=None``: on CPU that is the Pallas
+- kernel: ``scalerl_jax.kernels.token_logprobs.token_logprobs`` with ``interpret=None``: on CPU that is the Pallas
   *interpreter*, whose program is the kernel body lowered to XLA loops over the grid (its memory is what the
   interpreter needs, not what the compiled GPU kernel needs); on a GPU the same command compiles the Triton
   kernel, whose scratch XLA reports as the pallas_call's outputs and residuals only.
@@ -27,7 +27,7 @@ def _build(impl: str, mode: str, chunk: int):
     import jax
     import jax.numpy as jnp
 
-    from kernels.token_logprobs import token_logprobs as kernel
+    from scalerl_jax.kernels.token_logprobs import token_logprobs as kernel
     from scalerl_jax.losses import token_logprobs, token_logprobs_naive
 
     fns = {

@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         ap.error("TRL is not installed: pip install trl==1.16.0 (a test-only dependency)")
 
-    from benchmarks.bench_loop import breakdown, run_preset
-    from experiments.presets import small_plan
+    from scalerl_jax.benchmarks.bench_loop import breakdown, run_preset
+    from scalerl_jax.experiments.presets import small_plan
 
     exp = small_plan(0).exp  # the batch, learning rate, eps_max and template both sides use
     out = Path(a.out)

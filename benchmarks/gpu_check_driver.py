@@ -28,7 +28,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks.gpu_check import ROOT, Report, Sizes
+from scalerl_jax.benchmarks.gpu_check_report import ROOT, Report, Sizes
 
 # minimum seconds a section needs to be started, and the most it may take (GPU estimates: compile + measured steps)
 SECTION_MIN_S = {"kernel_tests": 30.0, "device": 15.0, "train": 90.0, "decode": 45.0, "impl": 40.0}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -37,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import WARM_HEAD_DTYPE, ExperimentPlan, _shared_warm_start, warm_start_key
+from scalerl_jax.experiments.common import WARM_HEAD_DTYPE, ExperimentPlan, _shared_warm_start, warm_start_key
+
 from scalerl_jax.config import ConfigError
 
 
@@ -128,16 +130,24 @@ def warm_cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalerl_jax" / "warmstarts"
 
 
-# the code a warm start depends on: a change in any of these files makes the cached warm starts stale
-_WARM_CODE = ("scalerl_jax/data", "scalerl_jax/models", "scalerl_jax/train", "experiments/base_models.py")
+# the code a warm start depends on (packages and modules, by import name): a change in any of their files makes the
+# cached warm starts stale. experiments.common holds the warm start's key and WARM_HEAD_DTYPE.
+_WARM_CODE = ("scalerl_jax.data", "scalerl_jax.models", "scalerl_jax.train", "scalerl_jax.experiments.base_models",
+              "scalerl_jax.experiments.common")
 
 
 def _code_digest() -> str:
-    root = Path(__file__).resolve().parents[1]
+    """sha256 over the files of ``_WARM_CODE``, each named by its path inside the package, so that a wheel install
+    and a checkout of the same code agree."""
     h = hashlib.sha256()
-    for entry in _WARM_CODE:
-        for f in sorted((root / entry).rglob("*.py")) if (root / entry).is_dir() else [root / entry]:
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    for name in _WARM_CODE:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise RuntimeError(f"the warm start's code {name} is not importable")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if spec.submodule_search_locations else [origin]
+        for f in files:
+            h.update(f"{name}:{f.relative_to(origin.parent).as_posix()}".encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 

@@ -335,7 +335,7 @@ def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_g
     import subprocess
     import sys
 
-    from experiments.budgets import check_completion_budget, check_row_fits_model
+    from scalerl_jax.experiments.budgets import check_completion_budget, check_row_fits_model
 
     exp = plan.exp
     try:

@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tyro
+from scalerl_jax.experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
+from scalerl_jax.experiments.math_8b import VariantName, apply_run_flags, first_pass
+from scalerl_jax.experiments.numerics import NUMERICS
+from scalerl_jax.experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from scalerl_jax.experiments.run_path import run_experiment
+from scalerl_jax.experiments.store import commit_run, default_store, store_comparison, store_run, stored_run
 
-from experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
-from experiments.math_8b import VariantName, apply_run_flags, first_pass
-from experiments.numerics import NUMERICS
-from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
-from experiments.run_path import run_experiment
-from experiments.store import commit_run, default_store, store_comparison, store_run, stored_run
 from scalerl_jax.config import ConfigError, ExperimentConfig
 
 ComputeKey = Literal["flops", "device_hours"]
@@ -186,7 +186,7 @@ def run_state(run_dir: Path, plan: ExperimentPlan) -> tuple[str, list[str]]:
     (nothing there, or a run of the same config killed before its first checkpoint), ``("replace", why)`` starts
     over after moving aside a run of another config (``why``: :func:`config_differences`, or that there is no
     config.json to compare)."""
-    from experiments.run_path import RUN_OUTPUTS, checkpoint_steps_on_disk
+    from scalerl_jax.experiments.run_path import RUN_OUTPUTS, checkpoint_steps_on_disk
 
     cfg = run_dir / "config.json"
     if not cfg.is_file():

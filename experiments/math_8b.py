@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tyro
+from scalerl_jax.experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
+from scalerl_jax.experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 
-from experiments.common import ExperimentPlan, Flattened, cli_error, parse_cli, preset_help
-from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
 from scalerl_jax.config import ConfigError, ExperimentConfig
 
 VariantName = Literal[tuple(VARIANTS)]  # type: ignore[valid-type]
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
         print(json.dumps(dataclasses.asdict(exp), indent=2, default=str))
         return 0
     if args.dry_run:
-        from experiments.common import dry_run
+        from scalerl_jax.experiments.common import dry_run
 
         return dry_run(plan, devices=args.devices, device_memory_gb=args.device_memory_gb)
     if plan.real and not _on_accelerators():
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None, *, presets: dict | None = None, real_pre
               f"needs accelerators; none are present. Run `{prog} --preset {cpu_preset}` on CPU, or "
               f"`--preset {preset} --dry-run` to validate and AOT-compile it here.", file=sys.stderr)
         return 2
-    from experiments.run_path import run_experiment
+    from scalerl_jax.experiments.run_path import run_experiment
+
     from scalerl_jax.checkpoint import ResumeError
 
     t0 = time.time()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from experiments.common import ExperimentPlan
+from scalerl_jax.experiments.common import ExperimentPlan
+
 from scalerl_jax.config import (
     DataConfig,
     ExperimentConfig,

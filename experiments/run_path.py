@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scalerl_jax.experiments import budgets
+from scalerl_jax.experiments.base_models import BaseModel, prepare_base
+from scalerl_jax.experiments.common import ExperimentPlan, write_report
+from scalerl_jax.experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
+from scalerl_jax.experiments.preflight import check_programs
 
-from experiments import budgets
-from experiments.base_models import BaseModel, prepare_base
-from experiments.common import ExperimentPlan, write_report
-from experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
-from experiments.preflight import check_programs
 from scalerl_jax.config import ConfigError, ExperimentConfig, forecast_runs, generator_model
 
 R = dataclasses.replace
@@ -65,7 +65,8 @@ def check_urls(urls: tuple[str, ...], timeout_s: float = 10.0) -> None:
 
 def check_inputs(plan: ExperimentPlan) -> None:
     """Model directory, data file and server URLs, before any compute is spent."""
-    from experiments.base_models import check_model_dir
+    from scalerl_jax.experiments.base_models import check_model_dir
+
     from scalerl_jax.data.jsonl import DataError, load_jsonl
 
     exp = plan.exp

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import sys
 
-from experiments.math_8b import main as _main
-from experiments.presets import MOE_PRESETS
+from scalerl_jax.experiments.math_8b import main as _main
+from scalerl_jax.experiments.presets import MOE_PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:

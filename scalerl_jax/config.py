@@ -66,12 +66,12 @@ class ModelConfig:
     dtype: DType = "bfloat16"  # activation / matmul compute dtype
     param_dtype: DType = "float32"  # storage dtype of the master weights
     head_dtype: DType = "float32"  # LM head; float32 is the ScaleRL fix
-    #: token log-probs through the head: reference (chunked pure JAX) or pallas (kernels/token_logprobs.py, fused;
-    #: float32 head only; interpreted on CPU, compiled on GPU)
+    #: token log-probs through the head: reference (chunked pure JAX) or pallas (fused;
+    #: scalerl_jax/kernels/token_logprobs.py; float32 head only; interpreted on CPU, compiled on GPU)
     logprobs_impl: Literal["reference", "pallas"] = "reference"
     #: attention: reference (pure JAX: dense / own flash custom VJP), cudnn (jax.nn.dot_product_attention on cuDNN;
     #: CUDA GPUs, bf16/fp16 only; decode stays on the reference) or pallas (JAX's Pallas GPU flash attention and
-    #: decode kernels; interpreted on CPU, compiled on GPU); see kernels/attention.py
+    #: decode kernels; interpreted on CPU, compiled on GPU); see scalerl_jax/kernels/attention.py
     attention_impl: Literal["reference", "cudnn", "pallas"] = "reference"
     remat: bool = True  # rematerialise each layer in the backward pass
     attn_chunk: int = 2048  # query-block size of the memory-bounded attention

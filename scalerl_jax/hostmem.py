@@ -9,8 +9,9 @@ in a 0.59 s step. The tunable is read once, when the process starts, so a proces
 
 :func:`reexec_for_cli` does that for the project's command-line entry points: the packages ``scalerl_jax``,
 ``experiments`` and ``benchmarks`` call it when they are imported, and it acts only while Python is still locating
-the module of a ``python -m <package>.<module>`` command (``sys.argv[0] == "-m"``), so importing the packages from
-a script, a test or a notebook never restarts anything. It replaces the process (``os.execve``) with the same
+the module of a ``python -m <package>.<module>`` command (``sys.argv[0] == "-m"``) or when a console script of the
+project (``scalerl-run``, ``scalerl-fit``, ...) imports its entry point, so importing the packages from a script, a
+test or a notebook never restarts anything. It replaces the process (``os.execve``) with the same
 command and ``GLIBC_TUNABLES`` extended by the huge-page tunable; processes the run starts (generator servers, the
 forecast, the run's children) inherit it. It does nothing off glibc (macOS, musl), on glibc before 2.35, when the
 kernel's transparent huge pages are off (``never``), when the tunable is already set, or with
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 OPT_OUT = "SCALERL_HUGEPAGES"  # "0": leave malloc as it is
 TUNABLE = "glibc.malloc.hugetlb=1"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+CONSOLE_PREFIX = "scalerl-"  # the console scripts' names (pyproject.toml, [project.scripts])
 
 
 def thp_mode(path: str = THP_ENABLED) -> str | None:
@@ -88,9 +90,15 @@ def describe() -> str:
     return f"malloc on 4 KiB pages ({why})"
 
 
+def _console_script(argv0: str) -> bool:
+    """Whether ``argv0`` is one of the project's console scripts (``scalerl-run``, ``scalerl-fit``, ...:
+    ``[project.scripts]`` in pyproject.toml), which the installer names ``scalerl-*``."""
+    return os.path.basename(argv0).startswith(CONSOLE_PREFIX)
+
+
 def reexec_for_cli() -> None:
     """Restart a ``python -m`` command with the huge-page tunable (module docstring); returns when it does not."""
-    if sys.argv[:1] != ["-m"] or not getattr(sys, "orig_argv", None):
+    if not getattr(sys, "orig_argv", None) or not (sys.argv[:1] == ["-m"] or _console_script(sys.argv[0])):
         return
     tunables = hugepage_tunables()
     if tunables is None:

@@ -173,8 +173,9 @@ def python_exe() -> str:
 @pytest.fixture
 def pallas_interpret() -> bool | None:
     """``interpret`` for the Pallas kernel tests (tests/test_kernel_*.py): None (interpret on CPU, compile on GPU)
-    unless SCALERL_PALLAS_INTERPRET forces it (``kernels.interpret_from_env``; benchmarks/gpu_check.sh sets 0)."""
-    from kernels import interpret_from_env
+    unless SCALERL_PALLAS_INTERPRET forces it (``scalerl_jax.kernels.interpret_from_env``; benchmarks/gpu_check.sh sets
+    0)."""
+    from scalerl_jax.kernels import interpret_from_env
 
     return interpret_from_env()
 

@@ -2,11 +2,11 @@
 settings (byte for byte), never by one with other settings, and not at all when the cache is off."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
-
-from experiments import presets
-from experiments.base_models import prepare_base, warm_cache_dir
+from scalerl_jax.experiments import presets
+from scalerl_jax.experiments.base_models import prepare_base, warm_cache_dir
 
 R = dataclasses.replace
 
@@ -48,3 +48,23 @@ def test_other_settings_a_damaged_entry_or_a_cache_turned_off_train_again(tmp_pa
     monkeypatch.setenv("SCALERL_WARMSTART_CACHE", "0")
     assert warm_cache_dir() is None
     assert prepare_base(_plan(), tmp_path / "d", log=lambda s: None).made
+
+
+@pytest.mark.parametrize("changed, stale", [
+    ("experiments/common.py", True),  # the warm start's key and WARM_HEAD_DTYPE
+    ("experiments/base_models.py", True),
+    ("scalerl_jax/models/llama.py", True),
+    ("scalerl_jax/train/warmstart.py", True),
+    ("scalerl_jax/data/tasks.py", True),
+    ("scalerl_jax/scaling/law.py", False),  # the fit does not shape a warm start
+])
+def test_the_warm_start_cache_digest_covers_the_code_that_makes_one(monkeypatch, changed, stale):
+    """A one-byte change to a file the warm start depends on makes a new cache key (wherever the file lives:
+    a checkout or a wheel); other files leave it as it was."""
+    from scalerl_jax.experiments import base_models
+
+    before = base_models._code_digest()
+    read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read(self) + (b"#" if self.as_posix().endswith(changed)
+                                                                         else b""))
+    assert (base_models._code_digest() != before) == stale

@@ -5,8 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from benchmarks.bench_loop import breakdown
+from scalerl_jax.benchmarks.bench_loop import breakdown
 
 
 def _train(step, loop, wait=0.5, flops=None):
@@ -36,9 +35,9 @@ def test_the_trainer_writes_the_loop_timings(tmp_path):
     import json
 
     import jax
+    from scalerl_jax.experiments.presets import build_plan
+    from scalerl_jax.experiments.run_path import build_trainer
 
-    from experiments.presets import build_plan
-    from experiments.run_path import build_trainer
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.models import init_params

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from scalerl_jax.experiments import budgets
+from scalerl_jax.experiments.math_8b import main
+from scalerl_jax.experiments.presets import MOE_PRESETS, PRESETS, build_plan
 
-from experiments import budgets
-from experiments.math_8b import main
-from experiments.presets import MOE_PRESETS, PRESETS, build_plan
 from scalerl_jax.config import (
     DEFAULT_PROMPT_TEMPLATE,
     PLAIN_INTERRUPTION,

@@ -6,8 +6,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from scalerl_jax.experiments.presets import build_plan
 
-from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError, DataConfig
 from scalerl_jax.data.chain import (
     chain_depth,
@@ -140,7 +140,7 @@ def test_data_config_and_from_config():
 
 
 def test_tiny_chain_preset_prints_its_config(capsys):
-    from experiments.math_8b import main
+    from scalerl_jax.experiments.math_8b import main
 
     plan = build_plan("tiny_chain")
     assert plan.base_kind == "char_chain" and plan.exp.data.source == "chain"

@@ -22,9 +22,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from scalerl_jax.experiments import loo, math_8b, scout_moe
+from scalerl_jax.experiments.presets import PRESETS, build_plan
 
-from experiments import loo, math_8b, scout_moe
-from experiments.presets import PRESETS, build_plan
 from scalerl_jax import config, fit, serve
 from scalerl_jax.config import ExperimentConfig
 

@@ -353,8 +353,9 @@ def test_a_lost_worker_is_a_counted_sandbox_error(monkeypatch):
 
 
 def test_real_presets_refuse_to_run_code_without_bubblewrap(monkeypatch):
+    from scalerl_jax.experiments.presets import build_plan
+
     import scalerl_jax.rewards.sandbox as sb
-    from experiments.presets import build_plan
 
     assert {p: build_plan(p).exp.sandbox.isolation for p in ("8b", "scout", "tiny", "tiny_mathcode", "small")} == {
         "8b": "bwrap", "scout": "bwrap", "tiny": "auto", "tiny_mathcode": "auto", "small": "auto"}

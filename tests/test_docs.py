@@ -144,9 +144,9 @@ def _moe_rows(out: Path) -> list[dict]:
     import dataclasses
 
     import jax
+    from scalerl_jax.experiments.presets import build_plan
+    from scalerl_jax.experiments.run_path import build_trainer
 
-    from experiments.presets import build_plan
-    from experiments.run_path import build_trainer
     from scalerl_jax.data.pipeline import build_prompt_data
     from scalerl_jax.data.tokenizer import CharTokenizer
     from scalerl_jax.models import init_params

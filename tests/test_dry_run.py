@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from scalerl_jax.experiments.presets import build_plan
 
-from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError, ExperimentConfig, from_dict
 from scalerl_jax.models import tiny
 

@@ -138,8 +138,9 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     preset's own task (from the smoke warm start on the earlier two-digit task: 0.16 -> 0.72)."""
     import dataclasses
 
-    from experiments.presets import build_plan
-    from experiments.run_path import build_trainer
+    from scalerl_jax.experiments.presets import build_plan
+    from scalerl_jax.experiments.run_path import build_trainer
+
     from scalerl_jax.data.pipeline import PromptData, build_prompt_data
     from scalerl_jax.data.tokenizer import HFTokenizer
     from scalerl_jax.models import load_hf_checkpoint

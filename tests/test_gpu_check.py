@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from scalerl_jax.benchmarks import gpu_check
 
-from benchmarks import gpu_check
 from tests.conftest import ROOT
 
 #: the CPU smoke check, run once in the suite's background lane (tests/conftest.py) for the tests marked with it

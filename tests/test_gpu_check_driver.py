@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
+from scalerl_jax.benchmarks import gpu_check
+from scalerl_jax.benchmarks.gpu_check_driver import SECTION_MIN_S, run_check
 
-from benchmarks import gpu_check
-from benchmarks.gpu_check_driver import SECTION_MIN_S, run_check
 from tests.conftest import ROOT
 
 # what the driver would start as `python -m benchmarks.gpu_check --section ...`, without JAX
 FAKE_SECTIONS = '''
 import argparse, json, os, subprocess, sys, time
 from pathlib import Path
-from benchmarks.gpu_check import Report
+from scalerl_jax.benchmarks.gpu_check_report import Report
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--section")

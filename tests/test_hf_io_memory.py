@@ -2,8 +2,7 @@
 size, not twice the checkpoint (``benchmarks/bench_hf_io_memory.py`` runs the Llama-3.2-1B-shaped case)."""
 
 import pytest
-
-from benchmarks.bench_hf_io_memory import llama_1b_shapes, measure
+from scalerl_jax.benchmarks.bench_hf_io_memory import llama_1b_shapes, measure
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -119,7 +119,7 @@ def test_the_tunable_cuts_page_faults_of_a_large_temporary():
 _STEPS = """
 import json
 import jax, numpy as np
-from experiments.presets import small_plan
+from scalerl_jax.experiments.presets import small_plan
 from scalerl_jax.models.model import init_params
 from scalerl_jax.train.optim import make_optimizer
 from scalerl_jax.train.rl import rl_loss

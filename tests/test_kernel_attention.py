@@ -1,4 +1,5 @@
-"""The attention dispatch (``ModelConfig.attention_impl``, kernels/attention.py) against the pure-JAX reference.
+"""The attention dispatch (``ModelConfig.attention_impl``, scalerl_jax/kernels/attention.py) against the pure-JAX
+reference.
 
 On CPU: JAX's library Pallas flash attention (``mha``) and decode kernel (``decode_attention.mqa``) run in
 interpret mode; the cuDNN wrapper's layout work (GQA, Llama-4 chunks folded into the batch, the ``lax.cond`` on a
@@ -19,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scalerl_jax.experiments.numerics import model_from_checkpoint
 
-from experiments.numerics import model_from_checkpoint
-from kernels.attention import check_impl, library_attention, pallas_attention, pallas_decode
 from scalerl_jax.config import ConfigError, LossConfig, TrainConfig
+from scalerl_jax.kernels.attention import check_impl, library_attention, pallas_attention, pallas_decode
 from scalerl_jax.models import forward_cached, forward_hidden, init_cache, init_params, tiny, tiny_moe
 from scalerl_jax.models.layers import attention, cached_attention
 from scalerl_jax.train import init_train_state, make_optimizer, make_train_step
@@ -282,7 +283,7 @@ def test_embedded_engine_generates_through_the_pallas_decode_kernel(monkeypatch)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, ref_cfg.vocab_size, size=n).tolist() for n in (1, 6, 11)]
     sp = SamplingParams(temperature=0.0, max_new_tokens=12)
-    import kernels.attention as ka
+    import scalerl_jax.kernels.attention as ka
 
     traced = []  # the decode kernel is traced (once per compiled decode program) only when chosen
     monkeypatch.setattr(ka, "pallas_decode", lambda *a, **k: traced.append(1) or pallas_decode(*a, **k))

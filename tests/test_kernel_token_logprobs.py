@@ -1,8 +1,8 @@
-"""The fused Pallas token log-prob kernel (kernels/token_logprobs.py) against its pure-JAX references.
+"""The fused Pallas token log-prob kernel (scalerl_jax/kernels/token_logprobs.py) against its pure-JAX references.
 
 On CPU everything runs in Pallas interpret mode; on a GPU the same tests compile the kernel (``interpret`` comes
-from the ``pallas_interpret`` fixture: SCALERL_PALLAS_INTERPRET, see ``kernels/__init__.py``). Values and gradients
-(w.r.t. h and W) equal the chunked reference and the naive full-logits computation on ragged shapes (rows,
+from the ``pallas_interpret`` fixture: SCALERL_PALLAS_INTERPRET, see ``scalerl_jax/kernels/__init__.py``). Values and
+gradients (w.r.t. h and W) equal the chunked reference and the naive full-logits computation on ragged shapes (rows,
 vocabulary and D not multiples of their tiles, targets at the first and last vocabulary ids as padding positions
 use), float32 and bfloat16 inputs, with a temperature; the traced program holds no [N, V]-sized array; the RL train
 step with ``ModelConfig.logprobs_impl="pallas"`` equals the reference step; every unavailable combination is
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.token_logprobs import token_logprobs as kernel_logprobs
 from scalerl_jax.config import ConfigError, LossConfig, TrainConfig
+from scalerl_jax.kernels.token_logprobs import token_logprobs as kernel_logprobs
 from scalerl_jax.losses.logprobs import head_logprobs, token_logprobs, token_logprobs_naive
 from scalerl_jax.models import init_params, tiny
 from scalerl_jax.train import init_train_state, make_optimizer, make_train_step
@@ -111,7 +111,7 @@ def test_kernel_lowers_to_triton_for_a_cuda_gpu(monkeypatch, dtype):
     """Value and gradient of the compiled (not interpreted) kernel lower to the Triton dialect for CUDA on any
     machine, so a construct the Triton lowering refuses fails here, not first on a GPU (a ref view of a ref
     view, ``ref.at[...][...]``, did: "No support for multiple indexers")."""
-    import kernels.token_logprobs as K
+    import scalerl_jax.kernels.token_logprobs as K
 
     monkeypatch.setattr(K, "resolve_interpret", lambda interpret: False)  # compile, whatever this backend is
     h, w, tgt = _inputs(2, 13, 24, 70, dtype)  # ragged rows, D and vocabulary: the padded path

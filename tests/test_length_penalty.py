@@ -43,8 +43,9 @@ def test_producer_counts_the_samples_the_penalty_changed():
     """The rollout producer reports how many samples the shaping changed (the trainer logs it per step as
     length_penalty_rate): with L_max 10 and L_cache 4 the ramp starts after 6 tokens, so of the correct
     completions of 4 and 8 tokens only the 8-token one is docked, and wrong ones never."""
-    from experiments.presets import build_plan
-    from experiments.run_path import reward_transform
+    from scalerl_jax.experiments.presets import build_plan
+    from scalerl_jax.experiments.run_path import reward_transform
+
     from scalerl_jax.rollout.orchestrator import RolloutProducer
     from scalerl_jax.rollout.protocol import Completion, SamplingParams
 

@@ -5,10 +5,10 @@ import dataclasses
 import json
 
 import pytest
+from scalerl_jax.experiments import loo, presets
+from scalerl_jax.experiments.common import _shared_warm_start, warm_start_key
+from scalerl_jax.experiments.presets import build_plan
 
-from experiments import loo, presets
-from experiments.common import _shared_warm_start, warm_start_key
-from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError
 from tests.conftest import printed_json
 
@@ -301,7 +301,8 @@ def test_loo_on_your_own_model_reruns_a_run_whose_config_changed(own_base, tmp_p
 
 def test_config_differences_compare_what_the_plan_decides(tmp_path):
     """config.json as the run writes it: the checkpoint's architecture, the base model, sandbox_active."""
-    from experiments.numerics import model_from_checkpoint
+    from scalerl_jax.experiments.numerics import model_from_checkpoint
+
     from scalerl_jax.models import tiny
 
     plan = R(build_plan("smoke", "scalerl", seed=0), base_model=str(tmp_path / "model"))

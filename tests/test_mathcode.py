@@ -141,7 +141,7 @@ def test_score_runs_code_in_the_sandbox_beside_math():
 
 
 def test_run_records_the_active_isolation():
-    from experiments.run_path import code_pool
+    from scalerl_jax.experiments.run_path import code_pool
 
     pool, meta = code_pool(ExperimentConfig())
     assert pool is None and meta["isolation"].startswith("unused") and meta["configured"] == "auto"
@@ -215,8 +215,8 @@ def test_fit_runs_fits_each_task_and_the_combined_curve(tmp_path):
 
 
 def test_tiny_mathcode_plan_and_print_config(capsys):
-    from experiments.math_8b import main
-    from experiments.presets import build_plan
+    from scalerl_jax.experiments.math_8b import main
+    from scalerl_jax.experiments.presets import build_plan
 
     plan = build_plan("tiny_mathcode")
     assert plan.base_kind == "char_mathcode" and plan.exp.model.vocab_size == len(FX_SYMBOLS) + 2

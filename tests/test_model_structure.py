@@ -1,7 +1,7 @@
 """The model package's structure: imports run one way (no circle anywhere in the package; ``models/`` needs only
-``config`` and ``sharding`` outside itself), every weight is declared once with shape, axes, dtype and initialiser
-that agree with each other and with independent counts, and the KV-cached decode at T = 1 reproduces the full
-forward pass."""
+``config``, ``sharding`` and the attention kernels outside itself), every weight is declared once with shape, axes,
+dtype and initialiser that agree with each other and with independent counts, and the KV-cached decode at T = 1
+reproduces the full forward pass."""
 
 from __future__ import annotations
 
@@ -32,12 +32,18 @@ from scalerl_jax.sharding import ShardingRules
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (module level and inside functions alike)."""
+# folder -> its import name (pyproject.toml maps experiments/ and benchmarks/ into scalerl_jax)
+IMPORT_NAMES = {"scalerl_jax": "scalerl_jax", "experiments": "scalerl_jax.experiments",
+                "benchmarks": "scalerl_jax.benchmarks"}
+
+
+def _import_graph(*folders: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``folders`` it imports (module level and inside functions alike)."""
     files = {}
-    for p in (ROOT / package).rglob("*.py"):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        files[name.removesuffix(".__init__")] = p
+    for folder in folders:
+        for p in (ROOT / folder).rglob("*.py"):
+            name = ".".join((IMPORT_NAMES[folder], *p.relative_to(ROOT / folder).with_suffix("").parts))
+            files[name.removesuffix(".__init__")] = p
     graph = {}
     for name, p in files.items():
         deps = set()
@@ -84,8 +90,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_package_imports_have_no_circle():
-    graph = _import_graph("scalerl_jax")
+    graph = _import_graph("scalerl_jax", "experiments", "benchmarks")
     assert len(graph) > 50  # the walk found the package
+    assert "scalerl_jax.benchmarks.gpu_check_driver" in graph["scalerl_jax.benchmarks.gpu_check"]
     assert _cycles(graph) == []
 
 
@@ -93,11 +100,14 @@ def test_the_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_models_depend_on_config_and_sharding_only():
+def test_models_depend_on_config_sharding_and_the_kernels_only():
     graph = _import_graph("scalerl_jax")
     outside = {d for m, deps in graph.items() if m.startswith("scalerl_jax.models") for d in deps
                if not d.startswith("scalerl_jax.models")}
-    assert outside == {"scalerl_jax.config", "scalerl_jax.sharding"}
+    assert outside == {"scalerl_jax.config", "scalerl_jax.sharding", "scalerl_jax.kernels.attention"}
+    # the kernels sit below everything: they import nothing of the project
+    assert not {d for m, deps in graph.items() if m.startswith("scalerl_jax.kernels") for d in deps
+                if not d.startswith("scalerl_jax.kernels")}
     # the layers module is the bottom of the model stack: no model module below it
     assert not {d for d in graph["scalerl_jax.models.layers"] if d.startswith("scalerl_jax.models")}
     for arch in ("llama", "llama4", "moe"):

@@ -12,9 +12,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from scalerl_jax.experiments import preflight
+from scalerl_jax.experiments.presets import build_plan
 
-from experiments import preflight
-from experiments.presets import build_plan
 from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import sandbox
 

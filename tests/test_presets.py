@@ -7,9 +7,9 @@ import re
 import jax
 import numpy as np
 import pytest
+from scalerl_jax.experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
+from scalerl_jax.experiments.run_path import build_trainer
 
-from experiments.presets import LOO_VARIANTS, PRESETS, VARIANTS, build_plan
-from experiments.run_path import build_trainer
 from scalerl_jax.config import ConfigError, LossConfig
 from scalerl_jax.data.pipeline import build_prompt_data
 from scalerl_jax.data.tokenizer import CharTokenizer
@@ -151,7 +151,7 @@ def test_loss_config_rejects_unknown_kind():
 
 @pytest.mark.parametrize("preset", ["tiny_moe", "smoke_moe", "scout"])
 def test_moe_presets_are_the_recipe_on_the_moe_model(preset):
-    from experiments.presets import MOE_PRESETS
+    from scalerl_jax.experiments.presets import MOE_PRESETS
 
     plan = build_plan(preset, "scalerl", seed=1)
     dense = build_plan({"tiny_moe": "tiny", "smoke_moe": "smoke", "scout": "8b"}[preset], "scalerl", seed=1)

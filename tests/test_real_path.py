@@ -18,9 +18,9 @@ import jax
 import numpy as np
 import pytest
 import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
+from scalerl_jax.experiments.presets import SMALL_TEMPLATE, build_plan
+from scalerl_jax.experiments.run_path import build_generators, build_trainer, length_control, load_prompts
 
-from experiments.presets import SMALL_TEMPLATE, build_plan
-from experiments.run_path import build_generators, build_trainer, length_control, load_prompts
 from scalerl_jax.data.tokenizer import HFTokenizer
 from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
 from scalerl_jax.data.word_arith import corpus, word_arith_rows, write_jsonl

@@ -8,10 +8,10 @@ import sys
 
 import jax
 import pytest
+from scalerl_jax.experiments.base_models import check_model_dir
+from scalerl_jax.experiments.presets import build_plan
+from scalerl_jax.experiments.run_path import check_inputs, load_prompts, model_from_checkpoint
 
-from experiments.base_models import check_model_dir
-from experiments.presets import build_plan
-from experiments.run_path import check_inputs, load_prompts, model_from_checkpoint
 from scalerl_jax.config import ConfigError
 from scalerl_jax.data.tokenizer import HFTokenizer
 from scalerl_jax.data.tokenizer_build import save_char_tokenizer, train_bpe_tokenizer

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from scalerl_jax.experiments.run_path import check_run_dir
 
-from experiments.run_path import check_run_dir
 from scalerl_jax.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,8 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from experiments import loo, presets, store
-from experiments.presets import build_plan
+from scalerl_jax.experiments import loo, presets, store
+from scalerl_jax.experiments.presets import build_plan
 
 R = dataclasses.replace
 

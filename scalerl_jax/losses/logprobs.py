@@ -14,8 +14,9 @@ V=128256). ``head_dtype="float32"`` casts h and W to float32 before the matmul (
 statistics are taken in float32 in both modes.
 
 ``head_logprobs`` is what the train step calls: it dispatches on ``ModelConfig.logprobs_impl`` between
-``token_logprobs`` here (the reference) and the fused Pallas kernel ``kernels.token_logprobs.token_logprobs``,
-and refuses a combination the kernel cannot honour instead of silently falling back to the reference.
+``token_logprobs`` here (the reference) and the fused Pallas kernel
+``scalerl_jax.kernels.token_logprobs.token_logprobs``, and refuses a combination the kernel cannot honour instead of
+silently falling back to the reference.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def head_logprobs(
     """``(logp_BT, entropy_BT)`` by the implementation ``impl`` names (``ModelConfig.logprobs_impl``).
 
     ``"reference"`` is :func:`token_logprobs` (``chunk``, ``head_dtype`` as there). ``"pallas"`` is the fused
-    kernel ``kernels.token_logprobs.token_logprobs``: float32 head only, ``chunk`` unused (the kernel tiles rows
-    and vocabulary itself). On CPU it runs in Pallas interpret mode (exact but slow: meant for tests and
+    kernel ``scalerl_jax.kernels.token_logprobs.token_logprobs``: float32 head only, ``chunk`` unused (the kernel
+    tiles rows and vocabulary itself). On CPU it runs in Pallas interpret mode (exact but slow: meant for tests and
     debugging), on GPU compiled; other backends raise. Nothing falls back to the reference silently: an unknown
     ``impl``, ``head_dtype="bfloat16"`` with ``"pallas"`` or a backend without the kernel raise ``ValueError``
     naming ``logprobs_impl``.
@@ -130,8 +131,8 @@ def head_logprobs(
         raise ValueError("logprobs_impl='pallas' computes the head in float32 only; head_dtype='bfloat16' (the "
                          "bf16-head ablation) needs logprobs_impl='reference'")
     # Imported here so Pallas stays off the import path of every run that keeps the reference.
-    from kernels.token_logprobs import resolve_interpret
-    from kernels.token_logprobs import token_logprobs as fused_token_logprobs
+    from scalerl_jax.kernels.token_logprobs import resolve_interpret
+    from scalerl_jax.kernels.token_logprobs import token_logprobs as fused_token_logprobs
 
     try:
         interpret = resolve_interpret(None)

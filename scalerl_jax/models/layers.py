@@ -1,7 +1,7 @@
 """The layers every Llama-family model here is built from, as pure functions: the dtype table, projection,
 embedding, RMS / L2 norms, RoPE (rotate-half and interleaved), SwiGLU, causal GQA attention (dense, and a
-flash-style tiled form with its own backward pass; or the library kernels of :mod:`kernels.attention` chosen by
-``ModelConfig.attention_impl``), attention over a KV cache, and layer rematerialisation.
+flash-style tiled form with its own backward pass; or the library kernels of :mod:`scalerl_jax.kernels.attention`
+chosen by ``ModelConfig.attention_impl``), attention over a KV cache, and layer rematerialisation.
 
 Dimension legend (shape suffixes on array names):
     B batch, T time (query positions), S cache slots / key positions, D model width, H query heads,
@@ -302,7 +302,7 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, imp
     same ``local``-position chunk, Llama 4's chunked attention), memory-bounded.
 
     ``impl`` is ``ModelConfig.attention_impl``. ``"reference"`` is this function's own pure-JAX path (below);
-    ``"cudnn"`` and ``"pallas"`` hand q, k, v to the library kernels in :mod:`kernels.attention`, which take
+    ``"cudnn"`` and ``"pallas"`` hand q, k, v to the library kernels in :mod:`scalerl_jax.kernels.attention`, which take
     the positions to be the row indices 0..T-1 (self-attention over whole sequences, the training pass) and
     need ``local_chunk`` (the static chunk size) when ``local`` is a traced per-layer flag.
 
@@ -312,7 +312,7 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, imp
     more than one [B, K, G, chunk, chunk] score tile, so memory is linear in the sequence length.
     """
     if impl != "reference":
-        from kernels.attention import self_attention  # kept off the import path of reference runs
+        from scalerl_jax.kernels.attention import self_attention  # kept off the import path of reference runs
 
         if impl == "cudnn":  # JAX partitions its cuDNN call itself (custom partitioning)
             return self_attention(q_BTHD, k_BSKD, v_BSKD, local, impl=impl, chunk=local_chunk)
@@ -342,13 +342,13 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     Returns (output [B, T, H, Dh], the updated cache).
 
     A single query per row (decode) takes one dense softmax over the slots in the cache's own layout, or with
-    ``attention_impl="pallas"`` the library Pallas decode kernel (:func:`kernels.attention.pallas_decode`);
+    ``attention_impl="pallas"`` the library Pallas decode kernel (:func:`scalerl_jax.kernels.attention.pallas_decode`);
     longer inputs (prefill) go through the reference :func:`attention` whatever ``attention_impl`` says (keys are
     cache slots there, not the query rows the kernels assume). An implementation this backend cannot run is
-    refused here too (:func:`kernels.attention.check_impl`)."""
+    refused here too (:func:`scalerl_jax.kernels.attention.check_impl`)."""
     interpret = None
     if cfg.attention_impl != "reference":
-        from kernels.attention import check_impl
+        from scalerl_jax.kernels.attention import check_impl
 
         interpret = check_impl(cfg.attention_impl)
     B, T, H, Dh = q_BTHD.shape
@@ -365,7 +365,7 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     S = ck_BKSD.shape[2]
     slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
     if T == 1 and cfg.attention_impl == "pallas":
-        from kernels.attention import pallas_decode
+        from scalerl_jax.kernels.attention import pallas_decode
 
         o = pallas_decode(q_BTHD.reshape(B, K, H // K, Dh), ck_BKSD, cv_BKSD, pos_BT[:, 0], local,
                           chunk=cfg.local_attn_chunk, interpret=interpret)

@@ -65,15 +65,18 @@ HF_CLASSES = "LlamaForCausalLM, Llama4ForCausalLM, Qwen2ForCausalLM, Qwen3ForCau
 def test_transformers_and_hf_kernels_import_beside_the_project(where, tmp_path):
     """transformers >= 5.25 imports Hugging Face's ``kernels`` package; from the repository root (where the
     documented commands run) and from another directory it must get that package, not a folder of ours."""
-    code = ("import json, kernels, transformers\n"
+    code = ("import importlib.metadata, json, kernels, transformers\n"
             f"from transformers import {HF_CLASSES}\n"
             "import scalerl_jax.kernels.token_logprobs, scalerl_jax.kernels.attention\n"
-            "print(json.dumps({'kernels': kernels.__file__, 'transformers': transformers.__version__}))")
+            "installed = importlib.metadata.distribution('kernels').locate_file('kernels/__init__.py')\n"
+            "print(json.dumps({'kernels': kernels.__file__, 'installed': str(installed),\n"
+            "                  'transformers': transformers.__version__}))")
     cwd = ROOT if where == "root" else tmp_path
     r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert not Path(out["kernels"]).resolve().is_relative_to(ROOT), out
+    # the module imported is the file Hugging Face's distribution installed, not a folder of the working directory
+    assert Path(out["kernels"]).resolve() == Path(out["installed"]).resolve(), out
     major, minor = (int(x) for x in out["transformers"].split(".")[:2])
     assert (major, minor) >= (5, 25), out  # the first release that imports Hugging Face's kernels package
 
@@ -82,9 +85,20 @@ def test_transformers_and_hf_kernels_import_beside_the_project(where, tmp_path):
 def test_a_wheel_installs_without_the_source_tree_and_its_scripts_run(tmp_path):
     """``pip wheel .`` -> a fresh venv in a temporary directory (its dependencies from this interpreter's
     site-packages through a .pth line, not the repository) -> the console scripts run from that directory."""
+    # the environment of every command: no PYTHONPATH (the lane's names the repository, where pip would find the
+    # source tree's egg-info and call the project installed already), no restart with huge pages (test_hostmem.py)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["SCALERL_HUGEPAGES"] = "0"
+    # built from a copy of the tracked tree, so the build leaves nothing in the repository
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
     wheels = tmp_path / "wheels"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
+                        "-w", str(wheels), str(src)], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = wheels.glob("scalerl_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -94,21 +108,19 @@ def test_a_wheel_installs_without_the_source_tree_and_its_scripts_run(tmp_path):
         assert must in names, must
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env, check=True, timeout=300)
     purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
                                    "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip())
+                                  env=env, capture_output=True, text=True, check=True).stdout.strip())
     # the dependencies (jax, numpyro, ...) from this interpreter's site-packages; a path a .pth file adds is not a
     # site directory, so the editable install's finder there is not loaded, and the wheel's copy comes first
     (purelib / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                        "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=600)
+                        "--no-deps", "--no-index", str(wheel)], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["SCALERL_HUGEPAGES"] = "0"  # the restart with huge pages is tested in test_hostmem.py
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import scalerl_jax.experiments.math_8b as m, json, "
                             "importlib.util as u; print(json.dumps([m.__file__, "
                             "[u.find_spec(n) is not None for n in ('experiments', 'benchmarks')]]))"],

@@ -116,7 +116,8 @@ def measure_sharded(path: Path, dtype: str, processes: int) -> dict:
     per-process peak RSS increase and bytes read."""
     launch = [sys.executable, "-m", "scalerl_jax.launch", "--processes", str(processes), "--cpu-devices", "1",
               "--log-dir", str(path.parent / f"launch{processes}"), "--"]
-    r = subprocess.run([*launch, "benchmarks.bench_hf_io_memory", "--child-sharded", str(path), "--dtype", dtype],
+    r = subprocess.run([*launch, "scalerl_jax.benchmarks.bench_hf_io_memory", "--child-sharded", str(path),
+                        "--dtype", dtype],
                        cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"sharded load with {processes} processes failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
@@ -153,7 +154,8 @@ def measure(cfg, dtype: str, shard_bytes: int, workdir: str | Path, seed: int = 
     gc.collect()
     files = sorted(path.glob("*.safetensors"))
     ckpt_bytes = sum(f.stat().st_size for f in files)
-    r = subprocess.run([sys.executable, "-m", "benchmarks.bench_hf_io_memory", "--child", str(path), "--dtype", dtype],
+    r = subprocess.run([sys.executable, "-m", "scalerl_jax.benchmarks.bench_hf_io_memory", "--child", str(path),
+                        "--dtype", dtype],
                        cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"load subprocess failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")

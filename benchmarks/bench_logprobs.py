@@ -85,7 +85,7 @@ def worker(impl: str, mode: str, B: int, T: int, V: int, D: int, chunk: int, rep
 
 
 def run_subprocess(impl, mode, B, T, V, D, chunk, repeats) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_logprobs", "--worker", impl, mode]
+    cmd = [sys.executable, "-m", "scalerl_jax.benchmarks.bench_logprobs", "--worker", impl, mode]
     cmd += ["--B", str(B), "--T", str(T), "--V", str(V), "--D", str(D), "--chunk", str(chunk)]
     cmd += ["--repeats", str(repeats)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)

@@ -76,8 +76,8 @@ def worker(out: str, steps: int, warmup: int, model: str) -> None:
 def timed(processes: int, steps: int, warmup: int, model: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
-        me = ["benchmarks.bench_multihost", "--worker", str(out), "--steps", str(steps), "--warmup", str(warmup),
-              "--model", model]
+        me = ["scalerl_jax.benchmarks.bench_multihost", "--worker", str(out), "--steps", str(steps),
+              "--warmup", str(warmup), "--model", model]
         if processes == 1:
             env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
             r = subprocess.run([sys.executable, "-m", *me], cwd=ROOT, env=env, capture_output=True, text=True)

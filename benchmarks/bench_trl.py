@@ -100,7 +100,8 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, template: str, threa
                                          if t and not t.startswith("glibc.malloc.hugetlb"))
     else:
         env.pop(hostmem.OPT_OUT, None)
-    cmd = [sys.executable, "-m", "benchmarks.bench_trl", "--trl-child", "--model", str(model), "--data", str(data),
+    cmd = [sys.executable, "-m", "scalerl_jax.benchmarks.bench_trl", "--trl-child", "--model", str(model),
+           "--data", str(data),
            "--template", template, "--threads", str(threads), "--steps", str(a.steps), "--prompts", str(a.prompts),
            "--group", str(a.group), "--max-new", str(a.max_new), "--lr", repr(lr), "--eps-max", repr(eps_max),
            "--trl-out", str(Path(a.out) / f"trl_{threads}t")]

@@ -162,7 +162,7 @@ def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, timeout_s: float, fil
 
 
 def run_section(rep: Report, section: str, arg: str | None, sizes: Sizes, gpu: bool, timeout_s: float,
-                remat: bool, module: str = "benchmarks.gpu_check") -> None:
+                remat: bool, module: str = "scalerl_jax.benchmarks.gpu_check") -> None:
     """``python -m benchmarks.gpu_check --section ...`` (``module``: what implements that command line): merge the
     rows and metadata it wrote, and add one error row if it timed out or died without reporting its error."""
     with tempfile.TemporaryDirectory() as d:
@@ -200,7 +200,7 @@ def _on_signal(signum, _frame):
 
 
 def run_check(sizes: Sizes, gpu: bool, budget_s: float, remat: bool, out: Path, *, min_s: dict | None = None,
-              max_s: dict | None = None, section_module: str = "benchmarks.gpu_check",
+              max_s: dict | None = None, section_module: str = "scalerl_jax.benchmarks.gpu_check",
               kernel_test_files: list[str] | None = None) -> Report:
     """Every section in order, each in its own process; ``out`` rewritten after each one. ``min_s`` / ``max_s``
     (default ``SECTION_MIN_S`` / ``SECTION_MAX_S``), ``section_module`` and ``kernel_test_files`` replace what the

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 OPT_OUT = "SCALERL_HUGEPAGES"  # "0": leave malloc as it is
 TUNABLE = "glibc.malloc.hugetlb=1"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
-CONSOLE_PREFIX = "scalerl-"  # the console scripts' names (pyproject.toml, [project.scripts])
+# the project's console scripts (pyproject.toml, [project.scripts]; tests/test_packaging.py checks the two agree)
+CONSOLE_SCRIPTS = ("scalerl-run", "scalerl-moe", "scalerl-loo", "scalerl-fit", "scalerl-prepare", "scalerl-serve")
 
 
 def thp_mode(path: str = THP_ENABLED) -> str | None:
@@ -91,9 +92,8 @@ def describe() -> str:
 
 
 def _console_script(argv0: str) -> bool:
-    """Whether ``argv0`` is one of the project's console scripts (``scalerl-run``, ``scalerl-fit``, ...:
-    ``[project.scripts]`` in pyproject.toml), which the installer names ``scalerl-*``."""
-    return os.path.basename(argv0).startswith(CONSOLE_PREFIX)
+    """Whether ``argv0`` is one of the project's console scripts (``CONSOLE_SCRIPTS``)."""
+    return os.path.basename(argv0) in CONSOLE_SCRIPTS
 
 
 def reexec_for_cli() -> None:

@@ -111,7 +111,7 @@ def test_sections_fail_alone_and_the_json_keeps_each_finished_one(fake):
 
 def test_sigterm_kills_the_running_section_and_keeps_the_finished_ones(fake):
     d, out, files = fake
-    code = (f"from pathlib import Path\nfrom benchmarks.gpu_check_driver import run_check\n"
+    code = (f"from pathlib import Path\nfrom scalerl_jax.benchmarks.gpu_check_driver import run_check\n"
             f"from tests.test_gpu_check_driver import SIZES, FAST\n"
             f"run_check(SIZES, gpu=False, budget_s=300, remat=False, out=Path({str(out)!r}), min_s=FAST,\n"
             f"          max_s={{k: 120.0 for k in FAST}}, section_module='fake_sections', kernel_test_files=[])\n")

@@ -71,6 +71,17 @@ def test_python_m_restarts_with_the_tunable_and_keeps_its_arguments(tmp_path):
     assert out["argv"] == ["a b", "--flag=1", ""]
 
 
+@pytest.mark.skipif(not LIVE, reason="needs glibc 2.35+ and the kernel's transparent huge pages (madvise/always)")
+def test_a_console_script_restarts_with_the_tunable_and_another_script_does_not(tmp_path):
+    """The installer's console scripts (``scalerl-run``, ...) run a file of that name that imports the entry point:
+    the same restart as ``python -m``; a script of another name starting alike is left alone."""
+    for name in ("scalerl-fit", "scalerl-notes.py"):
+        (tmp_path / name).write_text("import probe_pkg.show\n")
+    out = _run([str(tmp_path / "scalerl-fit"), "--out", "x y"], tmp_path)
+    assert out["tunables"] == "glibc.malloc.hugetlb=1" and out["argv"] == ["--out", "x y"]
+    assert _run([str(tmp_path / "scalerl-notes.py")], tmp_path)["tunables"] is None
+
+
 def test_imports_and_opt_out_do_not_restart(tmp_path):
     # imported from a script (argv[0] is not "-m"): never restarted, whatever the machine
     out = _run(["-c", "import probe_pkg.show"], tmp_path)

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from scalerl_jax import hostmem
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-# the folders that install under scalerl_jax from elsewhere in the repository ([tool.setuptools.package-dir])
-MAPPED = {"scalerl_jax.experiments": "experiments", "scalerl_jax.benchmarks": "benchmarks"}
+# the folder that installs under scalerl_jax from elsewhere in the repository ([tool.setuptools.package-dir]);
+# benchmarks/ is imported as scalerl_jax.benchmarks in a checkout only (scalerl_jax/__init__.py) and not installed
+MAPPED = {"scalerl_jax.experiments": "experiments"}
 SCRIPTS = {"scalerl-run": "scalerl_jax.experiments.math_8b", "scalerl-moe": "scalerl_jax.experiments.scout_moe",
            "scalerl-loo": "scalerl_jax.experiments.loo", "scalerl-fit": "scalerl_jax.fit",
            "scalerl-prepare": "scalerl_jax.data.prepare", "scalerl-serve": "scalerl_jax.serve"}
@@ -40,8 +43,9 @@ def test_pyproject_lists_every_package_and_maps_the_top_level_folders():
     assert tool["package-dir"] == MAPPED
     assert {p.split(".")[0] for p in tool["packages"]} == {"scalerl_jax"}
     assert PYPROJECT["project"]["scripts"] == {k: f"{v}:main" for k, v in SCRIPTS.items()}
+    assert set(hostmem.CONSOLE_SCRIPTS) == set(SCRIPTS)  # the scripts that restart with huge pages
     # the old top-level kernels package must not come back: from the repository root it hid Hugging Face's
-    assert not (ROOT / "kernels").exists()
+    assert not list((ROOT / "kernels").glob("**/*.py"))
 
 
 def test_no_module_imports_a_top_level_name_the_distribution_does_not_install():
@@ -56,6 +60,21 @@ def test_no_module_imports_a_top_level_name_the_distribution_does_not_install():
                         words[1].split(".")[0] in ("experiments", "benchmarks", "kernels"):
                     bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_checkout_without_an_install_finds_the_mapped_folders(tmp_path):
+    """PYTHONPATH=<checkout> and no site-packages at all (``-S``: no editable install, as on the GPU machines'
+    image): scalerl_jax.experiments and scalerl_jax.benchmarks are the checkout's folders, and the top-level names
+    stay free."""
+    code = ("import importlib.util as u, json, scalerl_jax.experiments as e, scalerl_jax.benchmarks as b\n"
+            "print(json.dumps([e.__file__, b.__file__, u.find_spec('kernels') is None]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCALERL_HUGEPAGES": "0"}
+    r = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    exp, bench, no_kernels = json.loads(r.stdout.strip().splitlines()[-1])
+    assert Path(exp) == ROOT / "experiments" / "__init__.py" and Path(bench) == ROOT / "benchmarks" / "__init__.py"
+    assert no_kernels
 
 
 HF_CLASSES = "LlamaForCausalLM, Llama4ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"
@@ -103,9 +122,9 @@ def test_a_wheel_installs_without_the_source_tree_and_its_scripts_run(tmp_path):
     (wheel,) = wheels.glob("scalerl_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"scalerl_jax"}
-    for must in ("scalerl_jax/kernels/token_logprobs.py", "scalerl_jax/experiments/math_8b.py",
-                 "scalerl_jax/benchmarks/gpu_check.py", "scalerl_jax/benchmarks/gpu_check.sh"):
+    for must in ("scalerl_jax/kernels/token_logprobs.py", "scalerl_jax/experiments/math_8b.py"):
         assert must in names, must
+    assert not [n for n in names if n.startswith("scalerl_jax/benchmarks/")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env, check=True, timeout=300)
@@ -123,12 +142,13 @@ def test_a_wheel_installs_without_the_source_tree_and_its_scripts_run(tmp_path):
     work.mkdir()
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import scalerl_jax.experiments.math_8b as m, json, "
                             "importlib.util as u; print(json.dumps([m.__file__, "
-                            "[u.find_spec(n) is not None for n in ('experiments', 'benchmarks')]]))"],
+                            "[u.find_spec(n) is not None for n in ('experiments', 'benchmarks', "
+                            "'scalerl_jax.benchmarks')]]))"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert where.returncode == 0, where.stderr[-3000:]
     path, top_level = json.loads(where.stdout.strip().splitlines()[-1])
     assert Path(path).resolve().is_relative_to(purelib.resolve()), path
-    assert top_level == [False, False]
+    assert top_level == [False, False, False]
 
     for script in SCRIPTS:
         r = subprocess.run([str(venv / "bin" / script), "--help"], cwd=work, env=env, capture_output=True,

@@ -5,7 +5,7 @@
 # `pip install scalerl_jax transformers` today gets, before it reaches the locks.
 #
 #   bash scripts/newest.sh                 # venv .venv-newest, the fast tests (-m "not slow and not heavy")
-#   bash scripts/newest.sh -k hf_io        # extra arguments go to pytest instead of -m "not slow"
+#   bash scripts/newest.sh -k hf_io        # extra arguments go to pytest instead of that -m
 #   bash scripts/newest.sh --strict        # exit 1 when a newest release breaks a test (CI runs it without)
 #
 # What it prints: each watched package's locked version (requirements-test.lock) beside the newest one installed;

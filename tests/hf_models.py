@@ -70,3 +70,48 @@ def make_hf_llama4(path: Path, *, vocab=97, hidden=64, layers=4, heads=4, kv_hea
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     return model
+
+
+def make_hf_qwen(path: Path, arch: str, *, vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=None,
+                 ffn=96, tied=False, theta=1_000_000.0, experts=8, top_k=2, expert_ffn=32, sparse_step=1,
+                 mlp_only=(), norm_topk=True, seed=0, init_std=0.02):
+    """Save a random ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` (``arch``: "qwen2",
+    "qwen3", "qwen3_moe"; float32, eager attention) to ``path`` and return the torch model. HF initialises biases
+    to 0, norm gains to 1 and (Qwen3-MoE) the router near 0: they are randomised so that each matters (biases and
+    q/k norms change the logits, the router sends tokens to different experts with unequal weights)."""
+    import torch
+    from transformers import (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=ffn, tie_word_embeddings=tied,
+                  rope_parameters={"rope_type": "default", "rope_theta": theta}, max_position_embeddings=256,
+                  initializer_range=init_std, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "qwen2":
+        cfg, cls = Qwen2Config(**common), Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg, cls = Qwen3Config(head_dim=head_dim or hidden // heads, **common), Qwen3ForCausalLM
+    else:
+        cfg = Qwen3MoeConfig(head_dim=head_dim or hidden // heads, num_experts=experts, num_experts_per_tok=top_k,
+                             moe_intermediate_size=expert_ffn, decoder_sparse_step=sparse_step,
+                             mlp_only_layers=list(mlp_only), norm_topk_prob=norm_topk, **common)
+        cls = Qwen3MoeForCausalLM
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval().float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 1.0)
+    model.save_pretrained(path)
+    return model

@@ -504,6 +504,7 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
     if tok.vocab_size > exp.model.vocab_size:
         raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
                           f"{exp.model.vocab_size}")
+    tok.model_vocab_size = exp.model.vocab_size  # ids past the tokenizer's are the checkpoint's padding rows
     exp = budgets.resolve_markers(exp, tok, log=log)
     check_tokenized(exp, tok, base.dir)
     data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)

@@ -115,3 +115,41 @@ def make_hf_qwen(path: Path, arch: str, *, vocab=97, hidden=64, layers=2, heads=
                 p.normal_(0.0, 1.0)
     model.save_pretrained(path)
     return model
+
+
+#: A chat template in the shape of Qwen3's (ChatML turns, ``<think>`` blocks, ``enable_thinking``), written for the
+#: tests: each message as ``<|im_start|>role\ncontent<|im_end|>\n``, then the assistant header; with
+#: ``enable_thinking=false`` an empty think block, as Qwen3's template does to switch thinking off.
+QWEN_CHAT_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def make_qwen_tokenizer(path: Path, texts, *, vocab_size=400):
+    """A byte-level BPE trained on ``texts`` carrying Qwen's special tokens (``<|endoftext|>`` pad, ``<|im_end|>``
+    eos, ``<|im_start|>``, ``<think>``, ``</think>``; no bos, as Qwen) and :data:`QWEN_CHAT_TEMPLATE`, saved as a
+    tokenizer directory. Returns the number of ids."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN_SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "model_max_length": 4096, "clean_up_tokenization_spaces": False,
+        "chat_template": QWEN_CHAT_TEMPLATE}, indent=2))
+    return tok.get_vocab_size()

@@ -183,3 +183,23 @@ def test_per_shard_load_equals_whole_load_on_four_devices(tmp_path):
     assert len(out) == 7
     for case, res in out.items():
         assert res["equal"] and res["bytes_read"] == res["bytes_on_disk"], (case, res)
+
+
+def test_padding_ids_past_the_tokenizer_decode_to_no_text(tmp_path):
+    """Qwen checkpoints pad the vocabulary past the tokenizer's ids; a sampled padding id decodes to nothing (as
+    transformers' tokenizers decode it) once the run sets the model's vocab_size, and stays an error past it."""
+    import transformers
+
+    from scalerl_jax.data.tokenizer import HFTokenizer, TokenizerError
+    from tests.hf_models import make_qwen_tokenizer
+
+    n = make_qwen_tokenizer(tmp_path, ["What is 1 + 2 * 3? <think> </think> \\boxed{7}"] * 20)
+    tok = HFTokenizer(str(tmp_path))
+    ids = tok.encode("What is 7")
+    with pytest.raises(TokenizerError, match=f"outside \\[0, {n}\\)"):
+        tok.decode(ids + [n + 3])
+    tok.model_vocab_size = n + 7
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert tok.decode(ids[:2] + [n + 3] + ids[2:]) == ref.decode(ids[:2] + [n + 3] + ids[2:]) == "What is 7"
+    with pytest.raises(TokenizerError, match=f"outside \\[0, {n + 7}\\)"):
+        tok.decode(ids + [n + 7])

@@ -177,6 +177,10 @@ class HFTokenizer:
         self._special = {i for i in (self.bos_id, self.pad_id, *self.stop_ids) if i is not None}
         self.chat_template = _chat_template(directory, tok_cfg)
         self._tok_cfg = tok_cfg
+        #: ids below this are the model's: a checkpoint may pad its vocabulary past the tokenizer's (Qwen's 151,936
+        #: rows for 151,665 tokens), and a policy can sample a padding id. ``decode`` gives such ids no text, as the
+        #: ``tokenizers`` library (hence transformers and SGLang) does; the run sets it to the model's vocab_size
+        self.model_vocab_size: int = self.vocab_size
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` without added special tokens."""
@@ -186,8 +190,10 @@ class HFTokenizer:
         """Text of ``ids``; bos, eos/stop and pad ids are dropped unless ``skip_special_tokens=False``."""
         ids = [int(i) for i in ids]
         for pos, i in enumerate(ids):
-            if not 0 <= i < self.vocab_size:
-                raise TokenizerError(f"HFTokenizer: id {i} at position {pos} is outside [0, {self.vocab_size})")
+            if not 0 <= i < max(self.vocab_size, self.model_vocab_size):
+                raise TokenizerError(f"HFTokenizer: id {i} at position {pos} is outside [0, "
+                                     f"{max(self.vocab_size, self.model_vocab_size)})")
+        ids = [i for i in ids if i < self.vocab_size]  # the model's padding rows have no text
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -128,6 +128,11 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConf
     )
 
 
+def hf_names(cfg: ModelConfig) -> tuple[str, str]:
+    """(HF ``architectures`` entry, ``model_type``) of ``cfg.arch``: what a server reports and a push writes."""
+    return ("Llama4ForCausalLM", "llama4_text") if cfg.arch == "llama4" else hf_qwen.HF_NAMES[cfg.arch]
+
+
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
     """HF config dict of ``cfg``'s own architecture (Llama's: both the transformers-5 and the legacy RoPE
     fields)."""

@@ -204,7 +204,8 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
 
     def renderer(template: str):
         if dc.chat_template:
-            return lambda q: tok.apply_chat_template([{"role": "user", "content": make_prompt(q, template)}])
+            extra = {} if dc.enable_thinking is None else {"enable_thinking": dc.enable_thinking}
+            return lambda q: tok.apply_chat_template([{"role": "user", "content": make_prompt(q, template)}], **extra)
         return lambda q: make_prompt(q, template)
 
     code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None

@@ -402,6 +402,9 @@ class DataConfig:
     path: str = ""  # the jsonl file (source=jsonl)
     template: str = DEFAULT_PROMPT_TEMPLATE  # prompt text of a jsonl row; "{question}" is replaced
     chat_template: bool = False  # wrap the templated question as a user message in the tokenizer's chat template
+    #: passed to the chat template as ``enable_thinking`` (Qwen3's switch: false renders an empty think block after
+    #: the assistant header); None: not passed, the template's own default
+    enable_thinking: bool | None = None
     question_key: str | None = None  # jsonl field names (None: auto-detect, see scalerl_jax.data.jsonl)
     answer_key: str | None = None  # (None: auto-detect)
     n_train: int | None = None  # cap on training prompts (None: all not held out)
@@ -427,6 +430,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(2 <= self.arith_b_max <= 99, f"data.arith_b_max must be in [2, 99], got {self.arith_b_max}")
         _check(self.val_size >= 1, f"data.val_size must be >= 1 (prompts held out for validation), got {self.val_size}")
+        _check(self.enable_thinking is None or self.chat_template,
+               "data.enable_thinking is a chat template variable: it needs data.chat_template=true")
         _check(self.n_train is None or self.n_train >= 1, f"data.n_train must be >= 1 or None, got {self.n_train}")
         _check(0.0 < self.npr_threshold <= 1.0, f"data.npr_threshold must be in (0, 1], got {self.npr_threshold}")
         _check("{question}" in self.template, f"data.template must contain '{{question}}', got {self.template!r}")

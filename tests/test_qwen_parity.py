@@ -203,3 +203,47 @@ def test_padding_ids_past_the_tokenizer_decode_to_no_text(tmp_path):
     assert tok.decode(ids[:2] + [n + 3] + ids[2:]) == ref.decode(ids[:2] + [n + 3] + ids[2:]) == "What is 7"
     with pytest.raises(TokenizerError, match=f"outside \\[0, {n + 7}\\)"):
         tok.decode(ids + [n + 7])
+
+
+@pytest.mark.parametrize("vars_", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+@pytest.mark.parametrize("gen", [True, False])
+def test_qwen_chat_template_renders_as_transformers_renders_it(tmp_path, vars_, gen):
+    """Qwen3's ``enable_thinking`` and ``add_generation_prompt`` reach the template exactly as transformers passes
+    them: our text equals ``PreTrainedTokenizerFast.apply_chat_template``'s, and so do the token ids."""
+    import transformers
+
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from tests.hf_models import make_qwen_tokenizer
+
+    make_qwen_tokenizer(tmp_path, ["What is 1 + 2 * 3? <think> </think> \\boxed{7}"] * 20)
+    tok = HFTokenizer(str(tmp_path))
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 + 2 * 3?"}]
+    ours = tok.apply_chat_template(msgs, add_generation_prompt=gen, **vars_)
+    theirs = ref.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False, **vars_)
+    assert ours == theirs
+    assert ours.endswith("<think>\n\n</think>\n\n") == (gen and vars_.get("enable_thinking") is False)
+    assert tok.encode(ours) == ref(theirs, add_special_tokens=False)["input_ids"]
+
+
+def test_enable_thinking_reaches_the_prompts_and_needs_the_chat_template(tmp_path):
+    from experiments.presets import build_plan
+    from experiments.run_path import load_prompts
+    from scalerl_jax.config import ConfigError, DataConfig
+    from scalerl_jax.data.tokenizer import HFTokenizer
+    from tests.hf_models import make_qwen_tokenizer
+
+    with pytest.raises(ConfigError, match="data.enable_thinking.*data.chat_template=true"):
+        DataConfig(enable_thinking=False)
+    make_qwen_tokenizer(tmp_path, ["What is 1 + 2 * 3? <think> </think> \\boxed{7}"] * 20)
+    tok = HFTokenizer(str(tmp_path))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(20)))
+    plan = build_plan("small")
+    exp = dataclasses.replace(plan.exp, data=dataclasses.replace(
+        plan.exp.data, path=str(data), val_size=4, chat_template=True, enable_thinking=False),
+        rollout=dataclasses.replace(plan.exp.rollout, max_prompt_len=256))
+    prompts, _ = load_prompts(exp, tok, tok.bos_id, log=lambda *a: None)
+    text = prompts.train[0].prompt
+    assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

@@ -198,14 +198,17 @@ class HFTokenizer:
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            **template_vars) -> str:
         """The prompt text of ``messages`` (``[{"role", "content"}, ...]``) under the directory's chat template,
         rendered as transformers renders it (sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``, ``bos_token`` /
-        ``eos_token`` as text). The text may start with the bos token: callers must not prepend it again."""
+        ``eos_token`` as text, ``template_vars`` such as Qwen3's ``enable_thinking`` as template variables). The
+        text may start with the bos token: callers must not prepend it again."""
         if self.chat_template is None:
             raise TokenizerError(f"HFTokenizer: {self.path!r} has no chat template (tokenizer_config.json "
                                  "'chat_template' or chat_template.jinja); use a plain prompt template instead")
         return _render_chat(self.chat_template, list(messages), add_generation_prompt, {
+            **template_vars,
             "bos_token": _token_content(self._tok_cfg.get("bos_token")) or "",
             "eos_token": _token_content(self._tok_cfg.get("eos_token")) or "",
             "pad_token": _token_content(self._tok_cfg.get("pad_token")) or ""})

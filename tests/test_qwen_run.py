@@ -85,3 +85,17 @@ def test_small_preset_runs_on_a_qwen_base(tmp_path, arch):
     # the pushed files are the run's own dtype (float32 here): transformers reads the same numbers; 1e-4 as in
     # tests/test_qwen_parity.py
     np.testing.assert_allclose(torch_logits(model, tokens), ours, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.background("dry_run_qwen25_1_5b", ["-m", "experiments.math_8b", "--preset", "qwen25_1_5b", "--dry-run",
+                                                "--devices", "1", "--device-memory-gb", "80"])
+@pytest.mark.background("dry_run_qwen3_4b", ["-m", "experiments.math_8b", "--preset", "qwen3_4b", "--dry-run",
+                                             "--devices", "8", "--device-memory-gb", "80"])
+def test_dry_runs_of_the_dense_qwen_presets_fit(background):
+    for name, mesh, batch in (("dry_run_qwen25_1_5b", "1 |  |", "128x5120"),
+                              ("dry_run_qwen3_4b", "fsdp8", "768x16384")):
+        r = background[name]
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        assert "| fits |" in r.stdout and mesh in r.stdout and batch in r.stdout, r.stdout[-2000:]
+        assert "init peak" in r.stdout and "step peak" in r.stdout

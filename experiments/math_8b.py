@@ -74,7 +74,8 @@ class RunArgs:
     """memory per device in GB the dry run checks the init and step peaks against (default 186, a GB200; H100 80,
     H200 141)"""
     model: str | None = None
-    """HF checkpoint dir of the base model (LlamaForCausalLM or Llama4ForCausalLM, with its tokenizer.json): replaces
+    """HF checkpoint dir of the base model (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+    or Llama4ForCausalLM, with its tokenizer.json): replaces
     the preset's own base model (no warm start); the architecture comes from its config.json, the recipe from the
     preset"""
     data: str | None = None

@@ -24,7 +24,16 @@ from scalerl_jax.config import (
     dapo_loss,
     grpo_loss,
 )
-from scalerl_jax.models.presets import llama3_1b, llama3_8b, scout_17b16e, tiny, tiny_moe
+from scalerl_jax.models.presets import (
+    llama3_1b,
+    llama3_8b,
+    qwen3_4b,
+    qwen3_30b_a3b,
+    qwen25_1_5b,
+    scout_17b16e,
+    tiny,
+    tiny_moe,
+)
 
 R = dataclasses.replace
 
@@ -243,12 +252,45 @@ def scout_plan(seed: int = 0) -> ExperimentPlan:
                       out_dir="runs/scout"))
 
 
+def qwen25_1_5b_plan(seed: int = 0) -> ExperimentPlan:
+    """A DeepScaleR-sized run: Qwen2.5-1.5B shapes (``--model`` a DeepSeek-R1-Distill-Qwen-1.5B or Qwen2.5-Math-1.5B
+    checkpoint brings its own) on one GPU, generating with the embedded engine on the same device. Every other
+    number is the ``1b`` preset's (``real_1b_plan``: 1,024 prompt + 4,096 completion tokens, 16 prompts x 8, AdamW
+    1e-6): a model of the same size class on the same one-device setup."""
+    p = real_1b_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_qwen25_1_5b", model=qwen25_1_5b(), out_dir="runs/qwen25_1_5b"))
+
+
+def qwen3_4b_plan(seed: int = 0) -> ExperimentPlan:
+    """Qwen3-4B (the model Polaris-53K was built to train) on one node of 8 x 80 GB: RECIPE.md's 8B recipe
+    (``real_8b_plan``: 48 prompts x 16 samples, a 16,384-token row with interruption at U[10k, 12k] thinking tokens
+    + 2k answer, AdamW 5e-7, CISPO, PipelineRL-8), trained on 8 devices instead of 16. Qwen3 thinks in
+    ``<think>`` blocks and its tokenizer holds ``</think>`` as one token, so ``think_end="auto"`` picks the
+    paper's marker and interruption text; ``--set data.chat_template=true`` renders prompts with its own chat
+    template (``--set data.enable_thinking=false`` for its non-thinking mode)."""
+    p = real_8b_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_qwen3_4b", model=qwen3_4b(), out_dir="runs/qwen3_4b"),
+             n_trainer_devices=8)
+
+
+def qwen3_30b_a3b_plan(seed: int = 0) -> ExperimentPlan:
+    """Qwen3-30B-A3B, the MoE RL users reach for before Scout: the 8B preset's recipe (as ``scout``) with the
+    expert axis over 8 devices (16 experts per device; on 16 devices FSDP takes the other factor of 2), 8 devices
+    by default. ``python -m experiments.scout_moe --preset qwen3_30b_a3b --dry-run``."""
+    p = real_8b_plan(seed)
+    return R(p, exp=R(p.exp, name="scalerl_qwen3_30b_a3b", model=qwen3_30b_a3b(),
+                      mesh=MeshConfig(data=1, fsdp=-1, expert=8), out_dir="runs/qwen3_30b_a3b"),
+             n_trainer_devices=8)
+
+
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,
                                                        "tiny_mathcode": tiny_mathcode_plan,
                                                        "tiny_chain": tiny_chain_plan, "1b": real_1b_plan,
-                                                       "8b": real_8b_plan}
+                                                       "8b": real_8b_plan, "qwen25_1_5b": qwen25_1_5b_plan,
+                                                       "qwen3_4b": qwen3_4b_plan}
 MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,
-                                                           "scout": scout_plan}
+                                                           "scout": scout_plan,
+                                                           "qwen3_30b_a3b": qwen3_30b_a3b_plan}
 
 
 def _loss(**kw) -> Callable[[ExperimentPlan], ExperimentPlan]:

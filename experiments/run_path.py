@@ -205,7 +205,8 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
 
     def renderer(template: str):
         if dc.chat_template:
-            return lambda q: tok.apply_chat_template([{"role": "user", "content": make_prompt(q, template)}])
+            extra = {} if dc.enable_thinking is None else {"enable_thinking": dc.enable_thinking}
+            return lambda q: tok.apply_chat_template([{"role": "user", "content": make_prompt(q, template)}], **extra)
         return lambda q: make_prompt(q, template)
 
     code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None
@@ -505,6 +506,7 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
     if tok.vocab_size > exp.model.vocab_size:
         raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
                           f"{exp.model.vocab_size}")
+    tok.model_vocab_size = exp.model.vocab_size  # ids past the tokenizer's are the checkpoint's padding rows
     exp = budgets.resolve_markers(exp, tok, log=log)
     check_tokenized(exp, tok, base.dir)
     data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)

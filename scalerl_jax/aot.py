@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for n in args.devices:
         ep = 1
-        if cfg.arch == "llama4":
+        if cfg.is_moe:
             ep = args.expert or (exp.mesh.expert if exp and exp.mesh.expert > 1 else None) or max(
                 d for d in range(1, min(cfg.n_experts, n // tensor) + 1)
                 if cfg.n_experts % d == 0 and (n // tensor) % d == 0)

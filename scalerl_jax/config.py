@@ -24,6 +24,10 @@ PLAIN_THINK_END = "boxed"
 PLAIN_INTERRUPTION = "\n\nOkay, time is up. The final answer is \\boxed"
 
 
+#: ModelConfig.arch values (the HF architectures each stands for: ModelConfig.arch's comment)
+ARCHS = ("llama", "qwen2", "qwen3", "llama4", "qwen3_moe")
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 
@@ -78,12 +82,23 @@ class ModelConfig:
     bos_token_id: int | None = 128000  # beginning-of-sequence token before each prompt (None: none)
     eos_token_id: int | None = 128001  # ends a completion
     pad_token_id: int | None = None  # padding token (None: the tokenizer has none)
-    # ---- Llama-4 text architecture (arch="llama4"; HF Llama4ForCausalLM). Ignored for arch="llama". ----
-    arch: Literal["llama", "llama4"] = "llama"  # llama: dense Llama 1-3; llama4: Llama-4 text model (MoE)
-    n_experts: int = 0  # routed experts per MoE layer (HF num_local_experts)
-    top_k: int = 1  # experts per token (HF num_experts_per_tok); scores are sigmoid(router logit)
-    expert_ffn_dim: int = 0  # routed and shared expert width (HF intermediate_size); dense layers use ffn_dim
-    moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... are MoE (HF interleave_moe_layer_step)
+    #: the HF architecture: llama (dense Llama 1-3, LlamaForCausalLM), qwen2 (Qwen2 / Qwen2.5, Qwen2ForCausalLM:
+    #: biases on q, k, v), qwen3 (Qwen3ForCausalLM: weighted per-head RMSNorm of q and k before RoPE), llama4
+    #: (Llama-4 text model, MoE), qwen3_moe (Qwen3MoeForCausalLM: Qwen3 attention, softmax top-k routed experts)
+    arch: Literal["llama", "qwen2", "qwen3", "llama4", "qwen3_moe"] = "llama"
+    # ---- MoE (arch="llama4" or "qwen3_moe"); ignored by the dense architectures ----
+    n_experts: int = 0  # routed experts per MoE layer (HF num_local_experts / num_experts)
+    #: experts per token (HF num_experts_per_tok); llama4 scores the top-k router logits with a sigmoid, qwen3_moe
+    #: takes the top-k of softmax(router logits)
+    top_k: int = 1
+    #: routed (and Llama-4's shared) expert width (HF llama4 intermediate_size, qwen3_moe moe_intermediate_size);
+    #: dense layers use ffn_dim
+    expert_ffn_dim: int = 0
+    #: layers moe_every-1, 2*moe_every-1, ... are MoE (HF interleave_moe_layer_step / decoder_sparse_step)
+    moe_every: int = 1
+    mlp_only_layers: tuple[int, ...] = ()  # qwen3_moe: layers kept dense whatever moe_every says (HF mlp_only_layers)
+    norm_topk_prob: bool = True  # qwen3_moe: the top-k softmax scores renormalised to sum to 1 (HF norm_topk_prob)
+    # ---- Llama-4 only ----
     nope_every: int = 0  # every nope_every-th layer has no RoPE (HF no_rope_layer_interval); 0: RoPE everywhere
     #: RoPE layers attend within chunks of this many positions (HF attention_chunk_size); NoPE layers attend
     #: globally
@@ -118,9 +133,10 @@ class ModelConfig:
         _check(self.attention_impl != "cudnn" or self.dtype == "bfloat16",
                "ModelConfig.attention_impl='cudnn' takes bfloat16 activations only (cuDNN flash attention); "
                "dtype='float32' needs attention_impl='reference' or 'pallas'")
-        _check(self.arch in ("llama", "llama4"), f"ModelConfig.arch must be 'llama' or 'llama4', got {self.arch!r}")
-        if self.arch == "llama4":
-            _check(self.n_experts >= 1, f"ModelConfig.n_experts must be >= 1 for arch='llama4', got {self.n_experts}")
+        _check(self.arch in ARCHS, f"ModelConfig.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.is_moe:
+            _check(self.n_experts >= 1,
+                   f"ModelConfig.n_experts must be >= 1 for arch={self.arch!r}, got {self.n_experts}")
             _check(1 <= self.top_k <= self.n_experts,
                    f"ModelConfig.top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}")
             _check(self.expert_ffn_dim > 0, f"ModelConfig.expert_ffn_dim must be > 0, got {self.expert_ffn_dim}")
@@ -136,9 +152,30 @@ class ModelConfig:
             _check(self.attn_floor_scale >= 1,
                    f"ModelConfig.attn_floor_scale must be >= 1, got {self.attn_floor_scale}")
 
-    # ---- Llama-4 layer pattern ----
+    # ---- what the architecture implies ----
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has MoE layers (the llama4 module runs it)."""
+        return self.arch in ("llama4", "qwen3_moe")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """q, k and v projections carry biases (Qwen2)."""
+        return self.arch == "qwen2"
+
+    @property
+    def head_qk_norm(self) -> bool:
+        """A weighted RMSNorm over each head of q and of k before RoPE (Qwen3)."""
+        return self.arch in ("qwen3", "qwen3_moe")
+
+    @property
+    def shared_expert(self) -> bool:
+        """MoE layers add a shared expert to the routed ones (Llama 4)."""
+        return self.arch == "llama4"
+
+    # ---- MoE / Llama-4 layer pattern ----
     def is_moe_layer(self, i: int) -> bool:
-        return self.arch == "llama4" and (i + 1) % self.moe_every == 0
+        return self.is_moe and (i + 1) % self.moe_every == 0 and i not in self.mlp_only_layers
 
     def uses_rope(self, i: int) -> bool:
         return self.arch != "llama4" or self.nope_every == 0 or (i + 1) % self.nope_every != 0
@@ -149,17 +186,23 @@ class ModelConfig:
 
     def _ffn_params(self, active: bool) -> int:
         d = self.d_model
-        if self.arch != "llama4":
+        if not self.is_moe:
             return self.n_layers * 3 * d * self.ffn_dim
         n_moe = self.n_moe_layers
-        experts = self.top_k if active else self.n_experts
-        moe = d * self.n_experts + (experts + 1) * 3 * d * self.expert_ffn_dim  # router, routed + shared
+        experts = (self.top_k if active else self.n_experts) + int(self.shared_expert)
+        moe = d * self.n_experts + experts * 3 * d * self.expert_ffn_dim  # router, routed (+ shared)
         return (self.n_layers - n_moe) * 3 * d * self.ffn_dim + n_moe * moe
+
+    def _attn_params(self) -> int:
+        attn = self.d_model * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        if self.qkv_bias:
+            attn += self.head_dim * (self.n_heads + 2 * self.n_kv_heads)
+        return attn + 2 * self.head_dim * int(self.head_qk_norm)
 
     def num_params(self) -> int:
         """Total parameter count (embeddings and head included; every expert of an MoE model)."""
         d, l = self.d_model, self.n_layers
-        attn = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        attn = self._attn_params()
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + l * (attn + 2 * d) + self._ffn_params(active=False) + d + head
 
@@ -167,7 +210,7 @@ class ModelConfig:
         """Parameters one token passes through (MoE: top_k routed experts + the shared one; = num_params
         for a dense model)."""
         d, l = self.d_model, self.n_layers
-        attn = d * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        attn = self._attn_params()
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + l * (attn + 2 * d) + self._ffn_params(active=True) + d + head
 
@@ -359,6 +402,9 @@ class DataConfig:
     path: str = ""  # the jsonl file (source=jsonl)
     template: str = DEFAULT_PROMPT_TEMPLATE  # prompt text of a jsonl row; "{question}" is replaced
     chat_template: bool = False  # wrap the templated question as a user message in the tokenizer's chat template
+    #: passed to the chat template as ``enable_thinking`` (Qwen3's switch: false renders an empty think block after
+    #: the assistant header); None: not passed, the template's own default
+    enable_thinking: bool | None = None
     question_key: str | None = None  # jsonl field names (None: auto-detect, see scalerl_jax.data.jsonl)
     answer_key: str | None = None  # (None: auto-detect)
     n_train: int | None = None  # cap on training prompts (None: all not held out)
@@ -384,6 +430,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(2 <= self.arith_b_max <= 99, f"data.arith_b_max must be in [2, 99], got {self.arith_b_max}")
         _check(self.val_size >= 1, f"data.val_size must be >= 1 (prompts held out for validation), got {self.val_size}")
+        _check(self.enable_thinking is None or self.chat_template,
+               "data.enable_thinking is a chat template variable: it needs data.chat_template=true")
         _check(self.n_train is None or self.n_train >= 1, f"data.n_train must be >= 1 or None, got {self.n_train}")
         _check(0.0 < self.npr_threshold <= 1.0, f"data.npr_threshold must be in (0, 1], got {self.npr_threshold}")
         _check("{question}" in self.template, f"data.template must contain '{{question}}', got {self.template!r}")

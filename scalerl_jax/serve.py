@@ -44,7 +44,8 @@ class ServeArgs:
     """model preset from scalerl_jax.models.presets (tiny, llama_100m, 8b, tiny_moe, scout, ...), randomly
     initialised with --init-seed"""
     model: Annotated[str | None, _SOURCE, tyro.conf.arg(aliases=("--model-path",), metavar="DIR")] = None
-    """HF LlamaForCausalLM / Llama4ForCausalLM checkpoint directory (config.json + safetensors, tokenizer.json)"""
+    """HF checkpoint directory (config.json + safetensors, tokenizer.json): LlamaForCausalLM, Qwen2ForCausalLM,
+    Qwen3ForCausalLM, Qwen3MoeForCausalLM or Llama4ForCausalLM"""
     init_seed: int = 0
     """PRNG seed of the random init (with --preset)"""
     host: str = "127.0.0.1"
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 from scalerl_jax.data.tokenizer import HFTokenizer
 
                 tokenizer = HFTokenizer(args.model)
+                tokenizer.model_vocab_size = max(tokenizer.vocab_size, cfg.vocab_size)  # padding rows: no text
                 tokenizer_path = model_path
             elif cfg.vocab_size == 17:
                 from scalerl_jax.data.tokenizer import CharTokenizer

@@ -121,7 +121,7 @@ mesh = shd.make_mesh(MeshConfig(fsdp=1, expert=8))
 x_sh = jax.sharding.NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
 with shd.use_mesh(mesh):
     _, stats = jax.jit(lambda h, mp: moe_ffn(h, mp, cap_cfg), in_shardings=(x_sh, None))(jax.device_put(h, x_sh), mp)
-_, idx, _ = route(jnp.asarray(h.reshape(-1, D)), mp["router"], cfg.top_k)
+_, idx, _ = route(jnp.asarray(h.reshape(-1, D)), mp["router"], cfg)
 idx = np.asarray(idx).reshape(8, -1)  # shard r holds batch rows [2r, 2r+2): contiguous token chunks
 X, e_loc = 8, cfg.n_experts // 8
 n_local = idx.shape[1]

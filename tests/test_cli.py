@@ -125,6 +125,8 @@ def _type_shown(typ) -> str:
             return f"[{item} [{item} ...]]"
         return t.__name__.upper()
 
+    if set(union) == {bool, type(None)}:  # an optional flag: tyro lists the three choices
+        return "{None,True,False}"
     shown = "|".join(one(t) for t in union if t is not type(None))  # e.g. INT|{auto} for a number or "auto"
     return ("{None}|" + shown) if type(None) in union else shown
 

@@ -180,3 +180,16 @@ def test_1b_preset_is_one_gpu_with_real_math_budgets():
     lc = e.rollout.length
     assert lc.think_budget_hi + 48 + lc.answer_budget <= e.rollout.max_new_tokens
     assert (e.rollout.prompts_per_batch * e.rollout.group_size) % e.train.microbatches == 0
+
+
+@pytest.mark.parametrize("preset,base,arch,devices", [("qwen25_1_5b", "1b", "qwen2", 1), ("qwen3_4b", "8b", "qwen3", 8),
+                                                      ("qwen3_30b_a3b", "8b", "qwen3_moe", 8)])
+def test_qwen_presets_are_their_base_recipe_on_the_published_shapes(preset, base, arch, devices):
+    plan, ref = build_plan(preset, "scalerl", seed=1), build_plan(base, "scalerl", seed=1)
+    assert plan.exp.model.arch == arch and plan.n_trainer_devices == devices
+    for f in ("loss", "rollout", "data", "train"):
+        assert getattr(plan.exp, f) == getattr(ref.exp, f), f
+    # parameter counts of the published checkpoints (their model cards: 1.54B, 4.0B, 30.5B total / 3.3B active)
+    m = plan.exp.model
+    expect = {"qwen25_1_5b": (1.54, 1.54), "qwen3_4b": (4.02, 4.02), "qwen3_30b_a3b": (30.53, 3.35)}[preset]
+    assert (round(m.num_params() / 1e9, 2), round(m.num_active_params() / 1e9, 2)) == expect

@@ -177,6 +177,10 @@ class HFTokenizer:
         self._special = {i for i in (self.bos_id, self.pad_id, *self.stop_ids) if i is not None}
         self.chat_template = _chat_template(directory, tok_cfg)
         self._tok_cfg = tok_cfg
+        #: ids below this are the model's: a checkpoint may pad its vocabulary past the tokenizer's (Qwen's 151,936
+        #: rows for 151,665 tokens), and a policy can sample a padding id. ``decode`` gives such ids no text, as the
+        #: ``tokenizers`` library (hence transformers and SGLang) does; the run sets it to the model's vocab_size
+        self.model_vocab_size: int = self.vocab_size
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` without added special tokens."""
@@ -186,20 +190,25 @@ class HFTokenizer:
         """Text of ``ids``; bos, eos/stop and pad ids are dropped unless ``skip_special_tokens=False``."""
         ids = [int(i) for i in ids]
         for pos, i in enumerate(ids):
-            if not 0 <= i < self.vocab_size:
-                raise TokenizerError(f"HFTokenizer: id {i} at position {pos} is outside [0, {self.vocab_size})")
+            if not 0 <= i < max(self.vocab_size, self.model_vocab_size):
+                raise TokenizerError(f"HFTokenizer: id {i} at position {pos} is outside [0, "
+                                     f"{max(self.vocab_size, self.model_vocab_size)})")
+        ids = [i for i in ids if i < self.vocab_size]  # the model's padding rows have no text
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            **template_vars) -> str:
         """The prompt text of ``messages`` (``[{"role", "content"}, ...]``) under the directory's chat template,
         rendered as transformers renders it (sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``, ``bos_token`` /
-        ``eos_token`` as text). The text may start with the bos token: callers must not prepend it again."""
+        ``eos_token`` as text, ``template_vars`` such as Qwen3's ``enable_thinking`` as template variables). The
+        text may start with the bos token: callers must not prepend it again."""
         if self.chat_template is None:
             raise TokenizerError(f"HFTokenizer: {self.path!r} has no chat template (tokenizer_config.json "
                                  "'chat_template' or chat_template.jinja); use a plain prompt template instead")
         return _render_chat(self.chat_template, list(messages), add_generation_prompt, {
+            **template_vars,
             "bos_token": _token_content(self._tok_cfg.get("bos_token")) or "",
             "eos_token": _token_content(self._tok_cfg.get("eos_token")) or "",
             "pad_token": _token_content(self._tok_cfg.get("pad_token")) or ""})

@@ -1,5 +1,6 @@
-"""HF ``LlamaForCausalLM`` (and, via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or
-sharded safetensors) <-> our params.
+"""HF ``LlamaForCausalLM`` (and, via :mod:`hf_qwen`, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` and
+``Qwen3MoeForCausalLM``; via :mod:`hf_llama4`, ``Llama4ForCausalLM``) checkpoints (config.json + single or sharded
+safetensors) <-> our params.
 
 Files are read and written with the ``safetensors`` library (NumPy API; ``ml_dtypes`` gives NumPy its
 bfloat16, so no torch): on load each tensor is read only when its param is filled, then dropped, so peak
@@ -23,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models import hf_llama4
+from scalerl_jax.models import hf_llama4, hf_qwen
 from scalerl_jax.models.hf_rope import rope_from_hf, rope_to_hf
 from scalerl_jax.models.layers import dtype as to_dtype
 from scalerl_jax.models.model import param_shapes
@@ -37,7 +38,7 @@ class CheckpointError(ValueError):
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
-SUPPORTED_ARCHS = ("LlamaForCausalLM", *hf_llama4.ARCHS)
+SUPPORTED_ARCHS = (*hf_qwen.ARCHS, *hf_llama4.ARCHS)
 
 
 # ---- safetensors files -----------------------------------------------------------------------------
@@ -75,45 +76,70 @@ def _open_safetensors(path: Path, stack: contextlib.ExitStack):
 # ---- config ----------------------------------------------------------------------------------------
 
 
-def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    """ModelConfig from an HF Llama or Llama-4 config dict (transformers 4 ``rope_scaling`` or 5
-    ``rope_parameters``)."""
+def hf_arch(hf: dict[str, Any], source: str = "config.json") -> str:
+    """Our ``ModelConfig.arch`` for an HF config dict, decided by its ``architectures`` field (or, without one, its
+    ``model_type``); anything else is refused here, before a tensor is read, naming what is supported."""
     if hf_llama4.is_llama4(hf):
-        return hf_llama4.config_from_hf(hf, source, CheckpointError)
+        return "llama4"
     archs = hf.get("architectures")
-    if archs is not None and not any(a in SUPPORTED_ARCHS for a in archs):
+    if archs is not None:
+        for a in archs:
+            if a in hf_qwen.ARCHS:
+                return hf_qwen.ARCHS[a]
         raise CheckpointError(f"{source}: field 'architectures' expected one of {SUPPORTED_ARCHS}, found {archs}")
-    if archs is None and hf.get("model_type") != "llama":
-        raise CheckpointError(f"{source}: field 'model_type' expected 'llama', found {hf.get('model_type')!r}")
-    for flag in ("attention_bias", "mlp_bias"):
-        if hf.get(flag):
-            raise CheckpointError(f"{source}: field {flag!r} expected false (biases unsupported), found true")
+    if hf.get("model_type") not in hf_qwen.MODEL_TYPES:
+        raise CheckpointError(f"{source}: field 'model_type' expected one of "
+                              f"{(*hf_qwen.MODEL_TYPES, 'llama4', 'llama4_text')} (no 'architectures' field), found "
+                              f"{hf.get('model_type')!r}")
+    return hf_qwen.MODEL_TYPES[hf["model_type"]]
+
+
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """ModelConfig from an HF Llama, Qwen2, Qwen3, Qwen3-MoE or Llama-4 config dict (transformers 4
+    ``rope_scaling`` or 5 ``rope_parameters``)."""
+    arch = hf_arch(hf, source)
+    if arch == "llama4":
+        return hf_llama4.config_from_hf(hf, source, CheckpointError)
+    if hf.get("mlp_bias"):
+        raise CheckpointError(f"{source}: field 'mlp_bias' expected false (biases unsupported), found true")
+    if arch == "llama" and hf.get("attention_bias"):
+        raise CheckpointError(f"{source}: field 'attention_bias' expected false (biases unsupported), found true")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{source}: field 'hidden_act' expected 'silu', found {hf['hidden_act']!r}")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         if key not in hf:
             raise CheckpointError(f"{source}: required field {key!r} is missing")
+    extra = hf_qwen.config_fields(hf, arch, source, CheckpointError)
     theta, scaling = rope_from_hf(hf, source, CheckpointError, default_theta=10000.0)
     n_heads = hf["num_attention_heads"]
     dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
     eos = hf.get("eos_token_id")
     return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        arch=arch, vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, ffn_dim=hf["intermediate_size"],
-        rope_theta=float(theta), rope_scaling=scaling, rms_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(theta), rope_scaling=scaling,
+        rms_eps=float(hf.get("rms_norm_eps", 1e-5 if arch == "llama" else 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_seq_len=int(hf.get("max_position_embeddings", 8192)),
         dtype="bfloat16" if dtype == "bfloat16" else "float32", param_dtype="float32",
         bos_token_id=hf.get("bos_token_id"), eos_token_id=eos[0] if isinstance(eos, list) else eos,
-        pad_token_id=hf.get("pad_token_id"),
+        pad_token_id=hf.get("pad_token_id"), **extra,
     )
 
 
+def hf_names(cfg: ModelConfig) -> tuple[str, str]:
+    """(HF ``architectures`` entry, ``model_type``) of ``cfg.arch``: what a server reports and a push writes."""
+    return ("Llama4ForCausalLM", "llama4_text") if cfg.arch == "llama4" else hf_qwen.HF_NAMES[cfg.arch]
+
+
 def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
-    """HF LlamaConfig dict for ``cfg`` (both the transformers-5 and the legacy RoPE fields)."""
+    """HF config dict of ``cfg``'s own architecture (Llama's: both the transformers-5 and the legacy RoPE
+    fields)."""
+    if cfg.arch == "llama4":
+        return hf_llama4.config_to_hf(cfg, dtype)
     rope_params, legacy_scaling = rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
-    return {
+    return hf_qwen.config_to_hf(cfg, {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.ffn_dim,
@@ -123,11 +149,11 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
         "attention_bias": False, "mlp_bias": False, "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": dtype, "dtype": dtype,
         "use_cache": True,
-    }
+    })
 
 
 # ---- tensor name mapping ----------------------------------------------------------------------------
-# (our layer key, HF suffix, to_hf(ours) -> torch-layout, from_hf(torch, cfg) -> ours)
+# (our layer key, HF suffix): the attention half, then the dense MLP
 _LAYER_MAP = [
     ("attn_norm", "input_layernorm.weight"),
     ("wq", "self_attn.q_proj.weight"),
@@ -141,8 +167,17 @@ _LAYER_MAP = [
 ]
 
 
+def layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(our ``layers`` key, HF suffix) of every stacked per-layer tensor of a dense or Qwen3-MoE model (the MoE
+    model's ``layers`` hold its attention half only; its FFN tensors are :mod:`hf_qwen`'s)."""
+    attn = _LAYER_MAP[:6] + hf_qwen.attention_extras(cfg)
+    return attn if cfg.is_moe else attn + _LAYER_MAP[6:]
+
+
 def _to_hf_layout(key: str, w: np.ndarray) -> np.ndarray:
     """Our per-layer tensor -> torch Linear layout [out, in]."""
+    if key in ("bq", "bk", "bv"):  # [H, Dh] -> [H*Dh]
+        return w.reshape(-1)
     if key in ("wq", "wk", "wv"):  # [D, H, Dh] -> [H*Dh, D]
         return w.reshape(w.shape[0], -1).T
     if key == "wo":  # [H, Dh, D] -> [D, H*Dh]
@@ -153,6 +188,8 @@ def _to_hf_layout(key: str, w: np.ndarray) -> np.ndarray:
 
 
 def _from_hf_layout(key: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if key in ("bq", "bk", "bv"):
+        return w.reshape(shape)
     if key in ("wq", "wk", "wv"):
         return w.T.reshape(shape)
     if key == "wo":
@@ -163,6 +200,8 @@ def _from_hf_layout(key: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarr
 
 
 def _hf_layer_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if key in ("bq", "bk", "bv"):
+        return (shape[0] * shape[1],)
     if key in ("wq", "wk", "wv"):
         return (shape[1] * shape[2], shape[0])
     if key == "wo":
@@ -202,7 +241,8 @@ def _collect_tensors(path: Path, stack: contextlib.ExitStack) -> dict[str, tuple
 
 
 def load_hf_checkpoint(path: str | os.PathLike, param_dtype: str = "float32") -> tuple[Params, ModelConfig]:
-    """Read an HF LlamaForCausalLM directory (config.json + safetensors, single or sharded).
+    """Read an HF checkpoint directory of a supported architecture (``SUPPORTED_ARCHS``; config.json + safetensors,
+    single or sharded).
 
     Returns (params as NumPy float32 / bfloat16 arrays in our layout, ModelConfig). Every tensor's
     presence and shape is checked; errors name the tensor and the expected vs found shape.
@@ -256,7 +296,7 @@ def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: 
     if cfg.arch == "llama4":
         params.update(hf_llama4.load_layers(get, cfg, shapes, np_dt, prefix, _from_hf_layout, _hf_layer_shape))
         return params
-    for key, suffix in _LAYER_MAP:
+    for key, suffix in layer_map(cfg):
         full = shapes["layers"][key]
         per = full[1:]
         stacked = np.empty(full, np_dt)
@@ -264,6 +304,8 @@ def _load_params(path: Path, hf_cfg: dict[str, Any], cfg: ModelConfig, tensors: 
             w = get(f"model.layers.{i}.{suffix}", _hf_layer_shape(key, per))
             stacked[i] = _from_hf_layout(key, np.asarray(w, np.float32), per)  # the assignment casts to np_dt
         params["layers"][key] = stacked
+    if cfg.is_moe:
+        params.update(hf_qwen.load_moe_layers(get, cfg, shapes, np_dt))
     return params
 
 
@@ -276,8 +318,10 @@ def hf_state_dict(params: Params, cfg: ModelConfig, dtype: str = "float32") -> d
         sd.update(hf_llama4.layer_state_dict(host, cfg, np_dt, _to_hf_layout))
     else:
         for i in range(cfg.n_layers):
-            for key, suffix in _LAYER_MAP:
+            for key, suffix in layer_map(cfg):
                 sd[f"model.layers.{i}.{suffix}"] = _to_hf_layout(key, host["layers"][key][i]).astype(np_dt, order="C")
+        if cfg.is_moe:
+            sd.update(hf_qwen.moe_state_dict(host, cfg, np_dt))
     sd["model.norm.weight"] = host["final_norm"].astype(np_dt)
     if not cfg.tie_embeddings:
         sd["lm_head.weight"] = host["lm_head"].T.astype(np_dt, order="C")
@@ -288,7 +332,8 @@ def save_hf_checkpoint(
     params: Params, cfg: ModelConfig, path: str | os.PathLike, *, dtype: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
 ) -> None:
-    """Write ``params`` as an HF LlamaForCausalLM directory that transformers and SGLang load.
+    """Write ``params`` as an HF directory of ``cfg.arch``'s own architecture (``LlamaForCausalLM``,
+    ``Qwen2ForCausalLM``, ...) that transformers and SGLang load.
 
     ``dtype`` defaults to the params' storage dtype. Shards above ``max_shard_bytes`` are split with a
     ``model.safetensors.index.json``. Files are written to temporary names and renamed into place, so a
@@ -320,7 +365,7 @@ def save_hf_checkpoint(
         (path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
-    hf_cfg = hf_llama4.config_to_hf(cfg, dtype) if cfg.arch == "llama4" else config_to_hf(cfg, dtype)
+    hf_cfg = config_to_hf(cfg, dtype)
     (path / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))

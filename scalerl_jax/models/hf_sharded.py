@@ -14,7 +14,10 @@ bit; the servers and the embedded engine use it). Our layout of each HF tensor (
 - ``id``: the same array (embeddings, norms, the MoE ``down_proj`` [E, F, D]);
 - ``T``: the transpose of a torch ``Linear`` weight [out, in] (the LM head, the FFN projections, the router);
 - ``qkv``: ``[H*Dh, D]`` -> ours ``[D, H, Dh]``; ``o``: ``[D, H*Dh]`` -> ours ``[H, Dh, D]``;
-- ``cols``: a column range of the last dimension (Llama-4's fused ``gate_up_proj`` [E, D, 2F]: gate, then up).
+- ``cols``: a column range of the last dimension (Llama-4's fused ``gate_up_proj`` [E, D, 2F]: gate, then up);
+- ``bias``: ``[H*Dh]`` -> ours ``[H, Dh]`` (Qwen2's q/k/v biases);
+- ``experts``: one torch ``Linear`` weight per expert, ``name`` a template over ``{j}`` (Qwen3-MoE's
+  ``mlp.experts.{j}.*_proj.weight``): our ``[E, in, out]`` block reads each of its experts' transposed rectangle.
 """
 
 from __future__ import annotations
@@ -31,25 +34,27 @@ import jax
 import numpy as np
 
 from scalerl_jax.config import ModelConfig
-from scalerl_jax.models import hf_llama4
+from scalerl_jax.models import hf_llama4, hf_qwen
 from scalerl_jax.models.hf_io import (
     _DTYPES,
-    _LAYER_MAP,
     CheckpointError,
     _collect_tensors,
     _hf_layer_shape,
+    layer_map,
     read_hf_config,
 )
 from scalerl_jax.models.layers import dtype as to_dtype
 from scalerl_jax.models.model import param_shapes
 
-_KIND = {"attn_norm": "id", "mlp_norm": "id", "wq": "qkv", "wk": "qkv", "wv": "qkv", "wo": "o"}
+_KIND = {"attn_norm": "id", "mlp_norm": "id", "wq": "qkv", "wk": "qkv", "wv": "qkv", "wo": "o", "bq": "bias",
+         "bk": "bias", "bv": "bias", "q_norm": "id", "k_norm": "id"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Where one of our (per-layer) arrays comes from: HF tensor ``name`` of shape ``hf_shape``, laid out as
-    ``kind`` says (module docstring); ``col``: the first column of our block, for ``cols``."""
+    ``kind`` says (module docstring); ``col``: the first column of our block, for ``cols``. For ``experts``,
+    ``hf_shape`` is (E, one expert's HF shape)."""
 
     name: str
     kind: str
@@ -85,11 +90,22 @@ def sources(cfg: ModelConfig, hf_cfg: dict[str, Any]) -> dict[str, Any]:
     def per_layer(group: str, key: str, suffix: str, layers, kind: str | None = None) -> list[Source]:
         per = tuple(shapes[group][key][1:])
         k = kind or _KIND.get(key, "T")
-        hf = _hf_layer_shape(key, per) if k in ("qkv", "o") else per if k == "id" else per[::-1]
+        hf = _hf_layer_shape(key, per) if k in ("qkv", "o", "bias") else per if k == "id" else per[::-1]
         return [Source(f"{prefix}model.layers.{i}.{suffix}", k, tuple(hf)) for i in layers]
 
     if cfg.arch != "llama4":
-        out["layers"] = {key: per_layer("layers", key, suffix, range(cfg.n_layers)) for key, suffix in _LAYER_MAP}
+        out["layers"] = {key: per_layer("layers", key, suffix, range(cfg.n_layers)) for key, suffix in layer_map(cfg)}
+        if cfg.is_moe:  # Qwen3-MoE
+            moe = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
+            dense = [i for i in range(cfg.n_layers) if not cfg.is_moe_layer(i)]
+            m = {"router": per_layer("moe", "router", "mlp.gate.weight", moe)}
+            for key in hf_qwen.EXPERT:
+                per = tuple(shapes["moe"][key][1:])  # [E, in, out]
+                m[key] = [Source(hf_qwen.expert_name(i, "{j}", key), "experts",
+                                 (per[0], per[2], per[1])) for i in moe]
+            out["moe"] = m
+            if dense:
+                out["dense"] = {key: per_layer("dense", key, suffix, dense) for key, suffix in hf_qwen.DENSE}
         return out
     out["layers"] = {key: per_layer("layers", key, suffix, range(cfg.n_layers)) for key, suffix in hf_llama4._ATTN}
     moe = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
@@ -187,6 +203,10 @@ class _Reader:
         self.path, self.tensors, self.stats, self.files = path, tensors, stats, files
 
     def check(self, src: Source) -> None:
+        if src.kind == "experts":
+            for j in range(src.hf_shape[0]):
+                self.check(Source(src.name.format(j=j), "T", src.hf_shape[1:]))
+            return
         if src.name not in self.tensors:
             raise CheckpointError(f"{self.path}: tensor {src.name!r} is missing (expected shape {list(src.hf_shape)})")
         _, fname, found = self.tensors[src.name]
@@ -209,6 +229,13 @@ class _Reader:
             return self.read(src.name, ours)
         if src.kind == "T":
             return self.read(src.name, ours[::-1]).T
+        if src.kind == "experts":
+            (j0, j1), rest = ours[0], ours[1:]
+            return np.stack([self.read(src.name.format(j=j), rest[::-1]).T for j in range(j0, j1)])
+        if src.kind == "bias":  # ours [H, Dh] = HF [H*Dh] reshaped
+            (h0, h1), (e0, e1) = ours
+            dh = per_shape[1]
+            return self.read(src.name, [(h0 * dh, h1 * dh)]).reshape(h1 - h0, dh)[:, e0:e1]
         if src.kind == "cols":
             (e, d, (f0, f1)) = ours
             return self.read(src.name, [e, d, (src.col + f0, src.col + f1)])

@@ -388,7 +388,8 @@ def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, l
     """Pre-norm attention with its residual: ``x + wo(attn(q, k, v))`` with q, k, v projected from
     ``rms_norm(x)`` and ``(q, k) = position(q, k)`` (RoPE, or what a NoPE layer does instead).
 
-    ``lp``: attn_norm, wq, wk, wv, wo; ``cache``/``layer``: the KV cache to write into and attend over (None: plain
+    ``lp``: attn_norm, wq, wk, wv, wo (and Qwen2's biases bq, bk, bv, Qwen3's per-head gains q_norm, k_norm);
+    ``cache``/``layer``: the KV cache to write into and attend over (None: plain
     causal attention); ``local``: Llama 4's chunked attention. Returns (x, the updated cache or None)."""
     dt = dtype(cfg.dtype)
     with jax.named_scope("attention"):
@@ -396,6 +397,10 @@ def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, l
         q = proj(h, lp["wq"].astype(dt))
         k = proj(h, lp["wk"].astype(dt))
         v = proj(h, lp["wv"].astype(dt))
+        if cfg.qkv_bias:  # Qwen2
+            q, k, v = (a + lp[b].astype(dt)[None, None] for a, b in ((q, "bq"), (k, "bk"), (v, "bv")))
+        if cfg.head_qk_norm:  # Qwen3: each head of q and k RMS-normed (gain [Dh]) before RoPE
+            q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps), rms_norm(k, lp["k_norm"], cfg.rms_eps)
         q, k = position(q, k)
         q = constrain(q, ("batch", "seq", "q_heads", "head_dim"))
         if cache is None:

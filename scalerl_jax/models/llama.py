@@ -1,11 +1,16 @@
-"""Dense Llama decoder (HF ``LlamaForCausalLM``) as pure functions over a weight pytree.
+"""Dense Llama-family decoder as pure functions over a weight pytree: HF ``LlamaForCausalLM`` (``arch="llama"``),
+``Qwen2ForCausalLM`` (``"qwen2"``: the same layers with q/k/v biases) and ``Qwen3ForCausalLM`` (``"qwen3"``: a
+weighted RMSNorm over each head of q and k before RoPE, and ``head_dim`` set apart from ``d_model / n_heads``).
+What differs is declared in :func:`scalerl_jax.models.params.attention_specs` and applied in
+:func:`scalerl_jax.models.layers.attention_block`; this module is the same for all three.
 
 Dimension legend: see :mod:`scalerl_jax.models.layers`.
 
 Parameters (declared once in :func:`param_specs`; layers stacked on a leading L axis so the depth is a
 ``lax.scan``): embed [V, D]; layers: attn_norm [L, D], wq [L, D, H, Dh], wk [L, D, K, Dh], wv [L, D, K, Dh],
 wo [L, H, Dh, D], mlp_norm [L, D], w_gate [L, D, F], w_up [L, D, F], w_down [L, F, D]; final_norm [D];
-lm_head [D, V] (absent when embeddings are tied).
+lm_head [D, V] (absent when embeddings are tied); Qwen2 adds bq [L, H, Dh], bk / bv [L, K, Dh], Qwen3 q_norm / k_norm
+[L, Dh].
 
 Callers go through :mod:`scalerl_jax.models.model`, which dispatches on ``ModelConfig.arch``.
 """

@@ -1,4 +1,7 @@
-"""Llama-4 text decoder (HF ``Llama4ForCausalLM``) as pure functions over a weight pytree.
+"""The MoE decoder as pure functions over a weight pytree: the Llama-4 text model (HF ``Llama4ForCausalLM``,
+``arch="llama4"``) and Qwen3-MoE (HF ``Qwen3MoeForCausalLM``, ``arch="qwen3_moe"``: Qwen3's attention, with per-head
+q/k norms before rotate-half RoPE on every layer, and softmax-routed experts without a shared one, on every
+``moe_every``-th layer except ``mlp_only_layers``; see :mod:`scalerl_jax.models.moe`).
 
 Same dimension legend as :mod:`scalerl_jax.models.layers`, plus E experts and Fe expert width. What differs from
 the dense Llama (each switched by a :class:`ModelConfig` field, ``arch="llama4"``):
@@ -70,9 +73,11 @@ def temperature_scale(pos_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 
 def _position_qk(q, k, pos_BT, rope_tables, cfg: ModelConfig, rope: bool):
-    """RoPE layer: interleaved RoPE then QK norm; NoPE layer: temperature-tuned queries, keys untouched."""
+    """RoPE layer: RoPE (Llama 4: interleaved) then Llama 4's QK norm; NoPE layer: temperature-tuned queries, keys
+    untouched. (Qwen3-MoE's weighted q/k norms come before, in :func:`scalerl_jax.models.layers.attention_block`.)"""
     if rope:
-        q, k = nn.apply_rope_interleaved(q, *rope_tables), nn.apply_rope_interleaved(k, *rope_tables)
+        rot = nn.apply_rope_interleaved if cfg.arch == "llama4" else nn.apply_rope  # Qwen3-MoE: rotate-half
+        q, k = rot(q, *rope_tables), rot(k, *rope_tables)
         if cfg.qk_norm:
             q, k = nn.l2_norm(q, cfg.rms_eps), nn.l2_norm(k, cfg.rms_eps)
     elif cfg.attn_temp_tuning:
@@ -138,7 +143,7 @@ def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
 
 def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
     """Scan the L / P blocks of ``period(cfg)`` layers. Returns (x, stacked router stats, new cache or None)."""
-    if cfg.moe_every == 1:
+    if all(cfg.is_moe_layer(i) for i in range(cfg.n_layers)):
         return _run_uniform(params, x, pos, cfg, cache)
     p = period(cfg)
     nb = cfg.n_layers // p

@@ -1,6 +1,6 @@
 """The model API every caller uses, dispatching on ``ModelConfig.arch`` in this one place.
 
-Each architecture module (:mod:`~scalerl_jax.models.llama`, :mod:`~scalerl_jax.models.llama4`) provides
+Each architecture module (:mod:`~scalerl_jax.models.llama`: dense, :mod:`~scalerl_jax.models.llama4`: MoE) provides
 ``param_specs(cfg)``, ``forward_hidden(params, tokens, cfg, positions=None, return_aux=False)`` and
 ``forward_cached(params, tokens, positions, cache, cfg)``; everything else here (shapes, axes, init, abstract
 params, the LM head, the KV cache) is common. Dependencies run one way: model -> llama / llama4 -> moe -> layers /
@@ -22,7 +22,10 @@ from scalerl_jax.models.params import Params
 
 KVCache = dict[str, jax.Array]  # {"k": [L, B, K, S, Dh], "v": [L, B, K, S, Dh]}
 
-ARCHS: dict[str, ModuleType] = {"llama": llama, "llama4": llama4}
+#: the module that runs each ``ModelConfig.arch``: the dense decoder (Llama, Qwen2, Qwen3) or the MoE decoder
+#: (Llama 4, Qwen3-MoE); what differs within a module is declared per arch (``ModelConfig`` properties)
+ARCHS: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "llama4": llama4,
+                                "qwen3_moe": llama4}
 
 
 def _arch(cfg: ModelConfig) -> ModuleType:

@@ -1,11 +1,15 @@
-"""Llama-4 mixture-of-experts feed-forward: sigmoid top-k router, routed experts, shared expert.
+"""Mixture-of-experts feed-forward of Llama 4 (sigmoid top-k router, routed experts, shared expert) and Qwen3-MoE
+(softmax top-k router, routed experts).
 
 Dimension legend: N tokens (flattened B x T), D model width, E experts, F expert width, k experts per token,
 X expert-parallel shards (size of the ``expert`` mesh axis), C per-destination send-buffer rows.
 
 Routing follows HF ``Llama4TextMoe``: router logits ``h @ W_r``; the top-k logits go through a sigmoid (the
 others score 0); each selected expert receives the token *pre-scaled* by its score, ``e(h * s)``; the outputs
-are summed and the shared expert's ``shared(h)`` added.
+are summed and the shared expert's ``shared(h)`` added. Qwen3-MoE (HF ``Qwen3MoeSparseMoeBlock``) takes the top-k
+of ``softmax(logits)`` (renormalised to sum to 1 with ``norm_topk_prob``) and scales each expert's *output*,
+``s * e(h)``; it has no shared expert. ``ModelConfig.arch`` picks the rule (:func:`route`); the dispatch paths below
+carry the scores either way (``scale_out``).
 
 Three dispatch paths compute the same function:
 
@@ -37,32 +41,44 @@ from scalerl_jax.models.params import Weight, swiglu_specs
 
 
 def moe_specs(cfg: ModelConfig, n_layers: int) -> dict[str, Weight]:
-    """The router [Lm, D, E], the routed experts [Lm, E, ...] and the shared expert of ``n_layers`` MoE layers."""
+    """The router [Lm, D, E], the routed experts [Lm, E, ...] and (Llama 4) the shared expert of ``n_layers`` MoE
+    layers."""
     D, E, F, dt = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim, cfg.param_dtype
+    shared = swiglu_specs(cfg, n_layers, F, prefix="shared_") if cfg.shared_expert else {}
     return {
         "router": Weight((n_layers, D, E), ("layers", "embed", None), dt),
         "w_gate": Weight((n_layers, E, D, F), ("layers", "experts", "embed", "mlp"), dt),
         "w_up": Weight((n_layers, E, D, F), ("layers", "experts", "embed", "mlp"), dt),
         "w_down": Weight((n_layers, E, F, D), ("layers", "experts", "mlp", "embed"), dt, "out_proj"),
-        **swiglu_specs(cfg, n_layers, F, prefix="shared_"),
+        **shared,
     }
 
 
-def route(h_ND: jax.Array, w_router_DE: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Router logits [N, E] (float32), the top-k expert ids [N, k] and their sigmoid scores [N, k]."""
+def route(h_ND: jax.Array, w_router_DE: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Router logits [N, E] (float32), the top-k expert ids [N, k] and their scores [N, k]: sigmoid of the top-k
+    logits (Llama 4), or the top-k of the softmax, renormalised with ``norm_topk_prob`` (Qwen3-MoE)."""
     logits = jnp.dot(h_ND.astype(jnp.float32), w_router_DE.astype(jnp.float32))
-    top, idx = jax.lax.top_k(logits, top_k)
-    return logits, idx, jax.nn.sigmoid(top)
+    if cfg.arch == "llama4":
+        top, idx = jax.lax.top_k(logits, cfg.top_k)
+        return logits, idx, jax.nn.sigmoid(top)
+    top, idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.top_k)
+    if cfg.norm_topk_prob:
+        top = top / jnp.sum(top, axis=-1, keepdims=True)
+    return logits, idx, top
 
 
-def _dense_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd):
-    """Every expert on every token (unselected experts see a zero input and contribute exactly 0)."""
+def _dense_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd, scale_out: bool):
+    """Every expert on every token (unselected experts score 0: a zero input, or a zero output weight)."""
     E = wg.shape[0]
     s_NE = jnp.sum(jax.nn.one_hot(idx_Nk, E, dtype=jnp.float32) * s_Nk[..., None], axis=1)
-    x_END = h_ND[None] * s_NE.T[..., None].astype(h_ND.dtype)
+    s_EN1 = s_NE.T[..., None].astype(h_ND.dtype)
+    x_END = jnp.broadcast_to(h_ND[None], (E, *h_ND.shape)) if scale_out else h_ND[None] * s_EN1
     g = jnp.einsum("end,edf->enf", x_END, wg)
     u = jnp.einsum("end,edf->enf", x_END, wu)
-    return jnp.einsum("enf,efd->nd", jax.nn.silu(g) * u, wd)
+    a = jax.nn.silu(g) * u
+    if scale_out:  # s * down(a) = down(s * a): scale the hidden activation, one contraction over (e, f)
+        a = a * s_EN1
+    return jnp.einsum("enf,efd->nd", a, wd)
 
 
 def _grouped_mlp(x_MD, group_sizes, wg, wu, wd):
@@ -75,20 +91,21 @@ def _grouped_mlp(x_MD, group_sizes, wg, wu, wd):
     return jnp.where(used[:, None], y, 0).astype(x_MD.dtype)
 
 
-def _ragged_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd):
+def _ragged_experts(h_ND, idx_Nk, s_Nk, wg, wu, wd, scale_out: bool):
     """Sort assignments by expert, grouped matmuls, scatter-add back (one shard holds every expert)."""
     N, k = idx_Nk.shape
     E = wg.shape[0]
     e = idx_Nk.reshape(-1)
     order = jnp.argsort(e, stable=True)
     tok = (jnp.arange(N * k) // k)[order]
-    x = h_ND[tok] * s_Nk.reshape(-1)[order][:, None].astype(h_ND.dtype)
+    s = s_Nk.reshape(-1)[order][:, None].astype(h_ND.dtype)
+    x = h_ND[tok] if scale_out else h_ND[tok] * s
     y = _grouped_mlp(x, jnp.bincount(e, length=E).astype(jnp.int32), wg, wu, wd)
-    return jnp.zeros_like(h_ND).at[tok].add(y)
+    return jnp.zeros_like(h_ND).at[tok].add(y * s if scale_out else y)
 
 
 def _ep_local(x_BTD, idx_BTk, s_BTk, wg, wu, wd, *, n_ep: int, capacity_factor,
-              embed_axes: tuple[str, ...], tensor_axes: tuple[str, ...]):
+              embed_axes: tuple[str, ...], tensor_axes: tuple[str, ...], scale_out: bool):
     """One expert-parallel shard: its tokens [B', T, D] and its experts [E/X, D', F']."""
     B, T, D = x_BTD.shape
     k = idx_BTk.shape[-1]
@@ -110,7 +127,8 @@ def _ep_local(x_BTD, idx_BTk, s_BTk, wg, wu, wd, *, n_ep: int, capacity_factor,
     rank = jnp.arange(n) - (jnp.cumsum(counts) - counts)[dest]
     keep = rank < c
     slot = jnp.where(keep, dest * c + rank, n_ep * c)  # overflow goes to a dump row that is never sent
-    send_x = jnp.zeros((n_ep * c + 1, D), x_ND.dtype).at[slot].set(x_ND[tok_s] * s_s[:, None].astype(x_ND.dtype))
+    s_col = s_s[:, None].astype(x_ND.dtype)
+    send_x = jnp.zeros((n_ep * c + 1, D), x_ND.dtype).at[slot].set(x_ND[tok_s] if scale_out else x_ND[tok_s] * s_col)
     send_e = jnp.full((n_ep * c + 1,), e_loc, jnp.int32).at[slot].set((e_s % e_loc).astype(jnp.int32))
     recv_x = jax.lax.all_to_all(send_x[:-1], "expert", 0, 0, tiled=True)  # [X * C, D], grouped by source
     recv_e = jax.lax.all_to_all(send_e[:-1], "expert", 0, 0, tiled=True)  # local expert id, e_loc = empty
@@ -122,6 +140,8 @@ def _ep_local(x_BTD, idx_BTk, s_BTk, wg, wu, wd, *, n_ep: int, capacity_factor,
         y_recv = jax.lax.psum(y_recv, tensor_axes)
     y_back = jax.lax.all_to_all(y_recv, "expert", 0, 0, tiled=True)  # back in this shard's send layout
     y_assign = jnp.where(keep[:, None], y_back[jnp.minimum(slot, n_ep * c - 1)], 0)
+    if scale_out:  # the scores stay with the sender: results come back unscaled
+        y_assign = y_assign * s_col
     out = jnp.zeros_like(x_ND).at[tok_s].add(y_assign)
     kept = jnp.zeros((B * T,), jnp.float32).at[tok_s].add(keep.astype(jnp.float32)) / k
     return out.reshape(B, T, D), kept.reshape(B, T)
@@ -144,7 +164,7 @@ def _expert_parallel(h_BTD, idx_BTk, s_BTk, wg, wu, wd, cfg: ModelConfig, mesh, 
     fn = jax.shard_map(
         lambda x, i, s, g, u, d: _ep_local(x, i, s, g, u, d, n_ep=n_ep,
                                            capacity_factor=cfg.moe_capacity_factor, embed_axes=embed_axes,
-                                           tensor_axes=tensor_axes),
+                                           tensor_axes=tensor_axes, scale_out=cfg.arch != "llama4"),
         mesh=mesh, in_specs=(x_spec, tok_spec, tok_spec, w_spec, w_spec, wd_spec),
         out_specs=(x_spec, P(x_spec[0], x_spec[1])), check_vma=False,
     )
@@ -162,22 +182,26 @@ def moe_ffn(h_BTD: jax.Array, mp: dict[str, jax.Array], cfg: ModelConfig) -> tup
     dt = nn.dtype(cfg.dtype)
     B, T, D = h_BTD.shape
     E, k = cfg.n_experts, cfg.top_k
-    logits, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], k)
+    logits, idx, s = route(h_BTD.reshape(B * T, D), mp["router"], cfg)
+    scale_out = cfg.arch != "llama4"  # Qwen3-MoE weighs expert outputs, Llama 4 expert inputs
     wg, wu, wd = mp["w_gate"].astype(dt), mp["w_up"].astype(dt), mp["w_down"].astype(dt)
     active = shd.current_mesh()
     kept = jnp.float32(1.0)
     if cfg.moe_impl == "dense":
-        routed = _dense_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
+        routed = _dense_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd, scale_out).reshape(B, T, D)
     elif active is not None and active[0].shape.get("expert", 1) > 1:
         routed, kept_BT = _expert_parallel(h_BTD, idx.reshape(B, T, k), s.reshape(B, T, k), wg, wu, wd, cfg,
                                            *active)
         kept = jnp.mean(kept_BT)
     else:
-        routed = _ragged_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd).reshape(B, T, D)
-    shared = nn.swiglu(h_BTD, mp["shared_gate"], mp["shared_up"], mp["shared_down"], dt)
+        routed = _ragged_experts(h_BTD.reshape(B * T, D), idx, s, wg, wu, wd, scale_out).reshape(B, T, D)
     load = jnp.mean(jnp.sum(jax.nn.one_hot(idx, E, dtype=jnp.float32), axis=1), axis=0) / k
     prob = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
-    return shared + routed.astype(shared.dtype), {"load": load, "prob": prob, "kept": kept}
+    stats = {"load": load, "prob": prob, "kept": kept}
+    if not cfg.shared_expert:
+        return routed.astype(h_BTD.dtype), stats
+    shared = nn.swiglu(h_BTD, mp["shared_gate"], mp["shared_up"], mp["shared_down"], dt)
+    return shared + routed.astype(shared.dtype), stats
 
 
 def load_balancing_loss(load_LE: jax.Array, prob_LE: jax.Array, top_k: int) -> jax.Array:

@@ -3,7 +3,7 @@
 A model declares its parameters once, as a pytree of :class:`Weight` (``param_specs(cfg)`` in each model module);
 the shapes, the logical axes (hence the shardings), the random init and the abstract state for AOT compilation
 are all read off that one tree, so they cannot drift apart. The building blocks below declare the pieces the
-dense Llama and the Llama-4 models share (embedding and head, attention, dense SwiGLU).
+models share (embedding and head, attention with Qwen2's q/k/v biases and Qwen3's q/k norms, dense SwiGLU).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from scalerl_jax.config import ModelConfig
 from scalerl_jax.models.layers import dtype as to_dtype
 
 Params = dict[str, Any]
-Init = Literal["normal", "out_proj", "ones"]
+Init = Literal["normal", "out_proj", "ones", "zeros"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Weight:
     """One parameter: its shape, logical axis names (one per dimension, see :mod:`scalerl_jax.sharding`), storage
     dtype name and initialiser: ``normal`` N(0, std), ``out_proj`` N(0, std / sqrt(2 L)) (projections back into
-    the residual stream), ``ones`` (norm gains)."""
+    the residual stream), ``ones`` (norm gains), ``zeros`` (biases)."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
@@ -64,8 +64,8 @@ def initialise(specs: Params, key: jax.Array, *, std: float, n_layers: int) -> P
     out = []
     for w, k in zip(flat, keys):
         dt = to_dtype(w.dtype)
-        if w.init == "ones":
-            out.append(jnp.ones(w.shape, dt))
+        if w.init in ("ones", "zeros"):
+            out.append((jnp.ones if w.init == "ones" else jnp.zeros)(w.shape, dt))
         else:
             scale = std / math.sqrt(2 * n_layers) if w.init == "out_proj" else std
             out.append((scale * jax.random.normal(k, w.shape, jnp.float32)).astype(dt))
@@ -85,9 +85,19 @@ def embedding_specs(cfg: ModelConfig) -> Params:
 
 
 def attention_specs(cfg: ModelConfig, n: int) -> Params:
-    """The attention half of ``n`` stacked layers (and the FFN's pre-norm): norms, q / k / v / o projections."""
+    """The attention half of ``n`` stacked layers (and the FFN's pre-norm): norms, q / k / v / o projections; with
+    ``cfg.qkv_bias`` the biases ``bq`` / ``bk`` / ``bv``, with ``cfg.head_qk_norm`` the per-head norm gains
+    ``q_norm`` / ``k_norm`` [n, Dh]."""
     D, H, K, Dh, dt = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
-    return {
+    extra: Params = {}
+    if cfg.qkv_bias:
+        extra["bq"] = Weight((n, H, Dh), ("layers", "q_heads", "head_dim"), dt, "zeros")
+        extra["bk"] = Weight((n, K, Dh), ("layers", "kv_heads", "head_dim"), dt, "zeros")
+        extra["bv"] = Weight((n, K, Dh), ("layers", "kv_heads", "head_dim"), dt, "zeros")
+    if cfg.head_qk_norm:
+        extra["q_norm"] = Weight((n, Dh), ("layers", "norm"), dt, "ones")
+        extra["k_norm"] = Weight((n, Dh), ("layers", "norm"), dt, "ones")
+    return extra | {
         "attn_norm": Weight((n, D), ("layers", "norm"), dt, "ones"),
         "wq": Weight((n, D, H, Dh), ("layers", "embed", "q_heads", "head_dim"), dt),
         "wk": Weight((n, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim"), dt),

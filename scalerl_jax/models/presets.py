@@ -1,5 +1,7 @@
-"""Model presets: the tiny CPU default, a ~100M benchmark model, Llama-3.2-1B and Llama-3.1-8B shapes, and the
-Llama-4 MoE pair (``tiny_moe`` for CPU, ``scout_17b16e``)."""
+"""Model presets: the tiny CPU default, a ~100M benchmark model, Llama-3.2-1B and Llama-3.1-8B shapes, the
+Llama-4 MoE pair (``tiny_moe`` for CPU, ``scout_17b16e``), and the Qwen models RL runs start from (Qwen2.5-1.5B,
+Qwen3-4B, Qwen3-30B-A3B). Shapes are those of each model's published ``config.json``; ``--model DIR`` reads them
+from the checkpoint itself, so a preset only matters for ``--dry-run`` and for random-init runs."""
 
 from __future__ import annotations
 
@@ -88,8 +90,49 @@ def scout_17b16e() -> ModelConfig:
     )
 
 
+def qwen25_1_5b() -> ModelConfig:
+    """Qwen2.5-1.5B shapes (``Qwen2ForCausalLM``): 28 layers, d 1536, FFN 8960, 12 / 2 heads of 128 with q/k/v
+    biases, vocab 151936 (151,665 tokens, the rest padding), tied embeddings, RoPE theta 1e6, RMS eps 1e-6. ~1.54B
+    parameters. DeepSeek-R1-Distill-Qwen-1.5B (DeepScaleR's base) has the same layers with an untied head and theta
+    1e4; its checkpoint brings those with ``--model``."""
+    return ModelConfig(
+        arch="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
+        ffn_dim=8960, rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=True,
+        max_seq_len=32768, dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True,
+        attn_chunk=1024, bos_token_id=None, eos_token_id=151643, pad_token_id=151643,
+    )
+
+
+def qwen3_4b() -> ModelConfig:
+    """Qwen3-4B shapes (``Qwen3ForCausalLM``): 36 layers, d 2560, FFN 9728, 32 / 8 heads of 128 (head_dim 128, not
+    2560 / 32 = 80) with per-head q/k RMSNorm, vocab 151936, tied embeddings, RoPE theta 1e6, RMS eps 1e-6,
+    ``<|im_end|>`` (151645) ends a turn. ~4.02B parameters."""
+    return ModelConfig(
+        arch="qwen3", vocab_size=151936, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
+        ffn_dim=9728, rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=True,
+        max_seq_len=40960, dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True,
+        attn_chunk=1024, bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
+    )
+
+
+def qwen3_30b_a3b() -> ModelConfig:
+    """Qwen3-30B-A3B shapes (``Qwen3MoeForCausalLM``): 48 layers, every one sparse (128 experts of width 768, top-8
+    of the softmax, renormalised: ``norm_topk_prob``), d 2048, 32 / 4 heads of 128 with per-head q/k RMSNorm, vocab
+    151936, untied head, RoPE theta 1e6. ~30.5B parameters, ~3.3B active per token. Dropless expert parallelism
+    (``moe_capacity_factor=None``): with top-8 over 128 experts each shard's load is spread over many destinations,
+    and the dry runs say whether the worst-case buffers fit."""
+    return ModelConfig(
+        arch="qwen3_moe", vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
+        ffn_dim=6144, n_experts=128, top_k=8, expert_ffn_dim=768, moe_every=1, norm_topk_prob=True,
+        rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=False, max_seq_len=40960,
+        dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True, attn_chunk=1024,
+        bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
+    )
+
+
 PRESETS = {"tiny": tiny, "llama_100m": llama_100m, "llama3_1b": llama3_1b, "llama3_8b": llama3_8b, "8b": llama3_8b,
-           "tiny_moe": tiny_moe, "scout_17b16e": scout_17b16e, "scout": scout_17b16e}
+           "tiny_moe": tiny_moe, "scout_17b16e": scout_17b16e, "scout": scout_17b16e, "qwen25_1_5b": qwen25_1_5b,
+           "qwen3_4b": qwen3_4b, "qwen3_30b_a3b": qwen3_30b_a3b}
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -21,7 +21,8 @@ Routes:
     ``safetensors``), ``flush_cache``, ``keep_pause``, ``torch_empty_cache``, ``is_async``,
     ``recapture_cuda_graph``, ``token_step`` (accepted; there is no prefix cache to flush, and SGLang itself
     does nothing with ``keep_pause``) -> ``{success, message, num_paused_requests}`` (HTTP 400 with ``success:
-    false`` on failure). Loads an HF LlamaForCausalLM directory; generation in flight picks the weights up at
+    false`` on failure). Loads an HF checkpoint directory (hf_io.SUPPORTED_ARCHS); generation in flight picks the
+    weights up at
     its next decode chunk and keeps its KV cache (SGLang instead waits for in-flight requests unless paused).
 ``POST /pause_generation`` ``{mode: "abort" | "retract" | "in_place"}``
     ``in_place`` (and ``retract``, which is the same here): the running engine batch halts at its next
@@ -65,6 +66,7 @@ import jax
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from scalerl_jax.models.hf_io import hf_names
 from scalerl_jax.rollout import wire_schema as ws
 from scalerl_jax.rollout.engine import EngineDriver, JaxEngine
 from scalerl_jax.rollout.server.wire import (
@@ -301,7 +303,8 @@ def _model_fields(st: _AppState) -> dict[str, Any]:
             "tokenizer_path": st.info.tokenizer_path, "is_generation": True, "preferred_sampling_params": None,
             "weight_version": st.weight_version, "load_format": "auto", "reasoning_parser": None,
             "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": False,
-            "has_audio_understanding": False, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+            "has_audio_understanding": False, "model_type": hf_names(st.engine.cfg)[1],
+            "architectures": [hf_names(st.engine.cfg)[0]],
             ws.EXTENSIONS_KEY: ws.EXTENSIONS, "vocab_size": st.vocab, "max_len": st.max_len,
             "max_batch": st.engine.max_batch, **st.info.extra}
 

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-__all__ = ["eps", "reorder_atol"]
+__all__ = ["eps", "forward_atol", "reorder_atol"]
 
 
 def eps(dtype=np.float32) -> float:
@@ -33,3 +33,11 @@ def reorder_atol(n: int, scale: float, *, stages: int = 1, dtype=np.float32) -> 
     """Absolute tolerance between two computations of values of magnitude up to ``scale``, each through ``stages``
     reductions of at most ``n`` terms in ``dtype``: 2 stages sqrt(n) eps scale."""
     return 2.0 * stages * math.sqrt(n) * eps(dtype) * float(scale)
+
+
+def forward_atol(cfg, scale: float) -> float:
+    """Tolerance between two float32 computations of a model's logits (magnitude up to ``scale``), e.g. a
+    KV-cached decode against the cache-free forward pass: 2 + 2 n_layers chained stages (each layer's attention and
+    MLP, the final norm and the head), each reducing at most max(d_model, ffn_dim, expert_ffn_dim) terms."""
+    n = max(cfg.d_model, cfg.ffn_dim, getattr(cfg, "expert_ffn_dim", 0) or 0)
+    return reorder_atol(n, scale, stages=2 + 2 * cfg.n_layers)

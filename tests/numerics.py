@@ -38,6 +38,8 @@ def reorder_atol(n: int, scale: float, *, stages: int = 1, dtype=np.float32) -> 
 def forward_atol(cfg, scale: float) -> float:
     """Tolerance between two float32 computations of a model's logits (magnitude up to ``scale``), e.g. a
     KV-cached decode against the cache-free forward pass: 2 + 2 n_layers chained stages (each layer's attention and
-    MLP, the final norm and the head), each reducing at most max(d_model, ffn_dim, expert_ffn_dim) terms."""
+    MLP, the final norm and the head), each reducing at most max(d_model, ffn_dim, expert_ffn_dim) terms. Every
+    stage's input is RMS-normalised (entries of order 1), so the scale is at least 1 even where the outputs are
+    smaller than the terms they sum."""
     n = max(cfg.d_model, cfg.ffn_dim, getattr(cfg, "expert_ffn_dim", 0) or 0)
-    return reorder_atol(n, scale, stages=2 + 2 * cfg.n_layers)
+    return reorder_atol(n, max(1.0, float(scale)), stages=2 + 2 * cfg.n_layers)

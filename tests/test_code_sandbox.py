@@ -130,6 +130,15 @@ def test_infinite_loop_is_killed_on_time_and_leaves_nothing(sandbox):
     assert _gone(marker)
 
 
+def test_a_cpu_bound_program_is_stopped_by_the_cpu_limit_and_says_so(sandbox):
+    """With a wall clock far away (60 s), a loop ends by the 1 s CPU limit, graded as that limit, in every mode (the
+    rlimits mode's interpreter is a pid namespace's init, which the soft limit's SIGXCPU does not end)."""
+    patient = Sandbox(dataclasses.replace(sandbox.config, timeout_s=60.0, cpu_s=1.0))
+    r, dt = _timed(patient, "while True:\n    pass\n")
+    assert (r.passed, r.reason, r.detail) == (False, "timeout", "over the 1 s CPU limit"), r
+    assert dt < 60.0
+
+
 def test_fork_bomb_is_bounded_by_the_process_limit_and_killed(sandbox):
     marker = f"bomb{secrets.token_hex(4)}"
     prog = _name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \

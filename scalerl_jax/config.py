@@ -529,7 +529,8 @@ class ForecastConfig:
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
     num_warmup: int = 200  # NUTS adaptation steps of each refit (warm-started from the previous refit)
     #: skip an eval's refit while the refits so far took more than this share of the run's wall time (the refit
-    #: process runs at low priority on the CPU, never on the accelerators)
+    #: process runs at low priority on the CPU, never on the accelerators); not under --stop-if-worse, whose rule
+    #: needs every forecast the refit process can make
     max_share: float = 0.1
     nice: int = 10  # the refit process's scheduling niceness (0-19; higher: less CPU taken from training)
     baseline: str | None = None  # run directory of the same task to compare each forecast with (--baseline)

@@ -31,7 +31,14 @@ import pytest
 
 from scalerl_jax.rewards.code_types import SandboxConfig
 
-TIMEOUT_S = 6.0  # the sandbox's wall clock and CPU limit; room for a loaded 2-core machine
+# The sandbox's limits. The CPU limit ends the CPU-bound cases (never_return, the fork bomb's processes) whatever
+# else runs on the machine: 2 CPU seconds, over 4x what the honest and the other hostile programs use (interpreter
+# start-up and the tests: ~0.1-0.3 s each). The wall clock catches programs that block (and the fork bomb under
+# bubblewrap, whose orphans hold its pipes open); either limit grades a CPU-bound case "timeout", which those cases
+# allow. It must not fire first for the others: 15 s is 4x a loaded 2-core machine's slowest start-up of a case
+# beside three CPU-bound neighbours (~1 s), with room to spare; a case it cuts anyway is graded again on its own.
+CPU_S = 2.0
+TIMEOUT_S = 15.0
 USER = "scalerl-redteam"
 MODES = ("bwrap", "rlimits", "rlimits-nons")  # rlimits-nons: Landlock and the tree sweep, no namespaces
 
@@ -383,7 +390,7 @@ class Host:
         for path in (f"{self.dir}/escaped_write", f"/tmp/escaped_{self.mark}", f"/dev/shm/escaped_{self.mark}"):
             if os.path.exists(path):
                 out.append(f"{path} was written")
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 15.0  # the sandbox's sweep: well under a second on an idle machine
         while (left := _named(self.mark)) and time.monotonic() < deadline:
             time.sleep(0.05)
         if left:
@@ -427,7 +434,7 @@ def run_redteam(mode: str) -> dict:
     host = Host()
     sb.NAMESPACES = mode != "rlimits-nons"
     try:
-        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=TIMEOUT_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
                             isolation="rlimits" if mode.startswith("rlimits") else mode, workers=4)
         with CodePool(cfg) as pool:
             names = list(CASES)
@@ -525,7 +532,8 @@ def unprivileged_run():
 
     def result() -> dict:
         if not done:
-            out, err = proc.communicate(timeout=240)
+            # a hang guard: the three modes take ~3 min on a 2-core machine loaded with the rest of the suite
+            out, err = proc.communicate(timeout=900)
             line = next((s for s in out.splitlines() if s.startswith("REDTEAM")), None)
             assert line is not None, f"the unprivileged run printed no result (rc {proc.returncode}): {err[-3000:]}"
             done.update(json.loads(line[len("REDTEAM"):]))

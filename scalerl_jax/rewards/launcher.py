@@ -154,14 +154,15 @@ def _launcher_main() -> None:
                 return
             time.sleep(0.005)
 
-    status, timed_out = None, False
+    status, timed_out, cpu = None, False, 0.0
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         pidfd = os.pidfd_open(pid)
         timed_out = not select.select([pidfd], [], [], c["timeout"])[0]
         if timed_out:
             os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime
     except Stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         with contextlib.suppress(OSError):
@@ -172,6 +173,10 @@ def _launcher_main() -> None:
     sweep()
     if timed_out:
         os._exit(124)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and cpu >= c["cpu"]:
+        # over the CPU limit: the init of a pid namespace ignores the soft limit's SIGXCPU, so the hard limit's
+        # SIGKILL ends it; reported as the SIGXCPU it is
+        os._exit(128 + signal.SIGXCPU)
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 

@@ -359,7 +359,7 @@ class Sandbox:
             launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
-                      "timeout": cfg.timeout_s, "namespaces": self._namespaces}
+                      "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")

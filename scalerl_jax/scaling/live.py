@@ -101,6 +101,13 @@ class LiveForecast:
         busy = self.fit_seconds + (time.monotonic() - self.busy_since if self.busy and self._started else 0.0)
         return busy / max(time.monotonic() - self.t0, 1e-9)
 
+    def _within_budget(self) -> bool:
+        """Whether a refit may be asked for now: always under ``--stop-if-worse`` (the stop rule acts only on
+        forecasts, and a busy machine that slows the refits must not also starve the rule of them: a run that
+        should stop would then train to its end), otherwise while the refits so far took at most
+        ``cfg.max_share`` of the run's wall time. Either way one refit at a time, never waited for."""
+        return self.cfg.stop_if_worse is not None or self.share() <= self.cfg.max_share
+
     def _send(self) -> None:
         try:
             self.proc.stdin.write((json.dumps({"total_steps": self.total_steps}) + "\n").encode())
@@ -119,8 +126,8 @@ class LiveForecast:
 
     def after_eval(self, force: bool = False) -> None:
         """An eval row was written: ask for a refit, unless one is running (then it is asked for when that one
-        returns) or the refits so far took more than ``cfg.max_share`` of the run's wall time (``force``: ask
-        anyway, for the last eval)."""
+        returns) or the refits so far took more than ``cfg.max_share`` of the run's wall time without a stop rule
+        (:meth:`_within_budget`; ``force``: ask anyway, for the last eval)."""
         if self.dead is not None:
             return
         if self._evals is None:  # the first call: count the evals on file (a resumed run has earlier ones)
@@ -136,7 +143,7 @@ class LiveForecast:
             return  # nothing to fit yet: a short run never waits for the refit process's start-up
         if self.busy:
             self.pending = True
-        elif force or self.share() <= self.cfg.max_share:
+        elif force or self._within_budget():
             self._send()
         else:
             self.pending = True
@@ -166,7 +173,7 @@ class LiveForecast:
                 row = {**reply["row"], "worker_pid": self.proc.pid, "forecast_share": self.share()}
                 self.rows.append(row)
                 out.append(row)
-            if self.pending and (self.share() <= self.cfg.max_share):
+            if self.pending and self._within_budget():
                 self._send()
             if not self.busy:
                 break

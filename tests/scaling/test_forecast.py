@@ -259,6 +259,27 @@ def test_live_forecast_survives_a_dead_process(tmp_path):
     assert lf.dead is not None and len(lines) == 1 and "goes on without the live forecast" in lines[0]
 
 
+def test_the_time_budget_skips_refits_except_under_a_stop_rule(tmp_path):
+    """With the refits' share of the run's wall time spent (a hand-set 10 s of refits in a 1 s old run, against
+    max_share 0.1), an eval's refit is skipped and left pending; under --stop-if-worse it is asked for all the same
+    (the stop rule acts only on forecasts). Nothing here waits for the refit process: it is killed unanswered."""
+    _write(tmp_path / "metrics.jsonl", _evals(0.61, 1.92, 2542.0, seed=3, n=6))
+    asked = {}
+    for name, cfg in (("budget", ForecastConfig(max_share=0.1)),
+                      ("stop rule", ForecastConfig(max_share=0.1, baseline=str(tmp_path), stop_if_worse=0.9))):
+        lf = LiveForecast(tmp_path, cfg, total_steps=70, log=lambda s: None)
+        try:
+            lf._started, lf.fit_seconds, lf.t0 = True, 10.0, time.monotonic() - 1.0
+            assert lf.share() > cfg.max_share
+            lf.after_eval()  # 6 evals on file >= min_evals 5
+            asked[name] = (lf.busy, lf.pending, lf.skipped)
+        finally:
+            lf.proc.kill()
+            lf.proc.wait()
+            lf.close()
+    assert asked == {"budget": (False, True, 1), "stop rule": (True, False, 0)}
+
+
 def test_refit_process_help():
     import subprocess
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The suite under load: `bash scripts/test.sh` (its arguments passed on) with CPU-bound processes running beside it
+# for its whole length (HOGS of them, default 2: each a Python loop at niceness 0 that takes a core whenever it can).
+# The hogs stop when the suite ends, and also when this script is interrupted (Ctrl-C) or sent SIGTERM: then the
+# suite is interrupted as by Ctrl-C (pytest closes its background runs), terminated if still there after 60 s. Prints
+# the suite's wall time and exits with its status. A suite that passes here does not need a quiet machine.
+set -uo pipefail
+set -m  # the suite and each hog in a process group of its own: signalled as a whole, SIGINT not ignored
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HOGS="${HOGS:-2}"
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+if ! [[ "$HOGS" =~ ^[0-9]+$ ]]; then
+  echo "[load] HOGS must be a whole number of processes, got '$HOGS'" >&2
+  exit 2
+fi
+HOG_PIDS=()
+SUITE=""
+
+stop_hogs() {
+  local pid
+  for pid in ${HOG_PIDS[@]+"${HOG_PIDS[@]}"}; do
+    kill -- "-$pid" 2>/dev/null
+  done
+  for pid in ${HOG_PIDS[@]+"${HOG_PIDS[@]}"}; do
+    wait "$pid" 2>/dev/null
+  done
+  HOG_PIDS=()
+}
+
+stop_suite() {  # interrupt the suite's process group as Ctrl-C would (pytest closes its background runs); SIGTERM
+  # after 60 s (a shell started in the background ignores SIGINT, and so do its children), SIGKILL 10 s later
+  [ -n "$SUITE" ] && kill -0 "$SUITE" 2>/dev/null || return 0
+  local sig end
+  for sig in INT:60 TERM:10 KILL:0; do
+    kill "-${sig%%:*}" -- "-$SUITE" 2>/dev/null
+    end=$((SECONDS + ${sig##*:}))
+    while [ "$SECONDS" -lt "$end" ]; do
+      kill -0 "$SUITE" 2>/dev/null || break 2
+      sleep 0.2
+    done
+  done
+  wait "$SUITE" 2>/dev/null
+}
+
+on_signal() {
+  echo "[load] interrupted: stopping the suite and the $HOGS CPU-bound processes" >&2
+  stop_suite
+  stop_hogs
+  exit "$1"
+}
+trap stop_hogs EXIT
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+trap 'on_signal 129' HUP
+
+for _ in $(seq 1 "$HOGS"); do
+  "$PY" -c 'while True: pass' &
+  HOG_PIDS+=("$!")
+done
+echo "[load] $HOGS CPU-bound processes beside the suite: ${HOG_PIDS[*]:-none}"
+t0=$(date +%s)
+# in the background and waited for: a signal to this script runs its trap at once
+bash "$ROOT/scripts/test.sh" "$@" &
+SUITE=$!
+wait "$SUITE"
+rc=$?
+t1=$(date +%s)
+stop_hogs
+echo "[load] the suite took $((t1 - t0)) s beside $HOGS CPU-bound processes (exit status $rc)"
+exit "$rc"

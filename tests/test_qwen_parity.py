@@ -172,8 +172,9 @@ def test_per_shard_load_equals_whole_load_on_four_devices(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "tests" / "_qwen_sharded_check.py"), str(tmp_path)], cwd=root,
-                       capture_output=True, text=True, timeout=600)
+    # as a module from the repository root, so that the script finds tests.hf_models with no PYTHONPATH
+    r = subprocess.run([sys.executable, "-m", "tests._qwen_sharded_check", str(tmp_path)], cwd=root,
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     # expert-parallel Qwen3-MoE (output-weighted experts) = the dense dispatch: float32 sums in another order, each

@@ -35,7 +35,6 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -46,17 +45,6 @@ def _timed(fn):
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - t0, time.process_time() - c0
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def bench_dense(preset: str, batch: int, seq: int, steps: int, warmup: int) -> list[dict]:
@@ -199,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import jax
+    from scalerl_jax.benchmarks import machine
 
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; jax {jax.__version__}; {len(jax.devices())} CPU devices")
+    print(machine.header(machine.describe()))
+    print(f"{len(jax.devices())} CPU devices")
     if args.part in ("dense", "both"):
         print(f"\ndense train step, {args.preset} shapes, {args.batch} x {args.seq} tokens, "
               f"{args.steps} timed steps each, interleaved")

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scalerl_jax.benchmarks import machine
 
 from scalerl_jax import hostmem
 
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
                            "eval_every": eval_every, "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / a.steps,
                            "kernel_cpu_s_per_step": (ru1.ru_stime - ru0.ru_stime) / a.steps}
     rate = matmul_flops_per_s()
-    print(f"\nhost: {hostmem.describe()}")
+    facts = machine.describe(matmul=False)
+    print("\n" + machine.header(facts))
+    print(f"host: {hostmem.describe()}")
     print(f"matmul rate (float32, 1024^3, best of 20): {rate / 1e9:.1f} GFLOP/s")
     cols = ("wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds", "eval_in_loop", "other")
     print(f"\n{'preset':<11} {'s/step':>7} " + " ".join(f"{c.split('_')[0]:>7}" for c in cols)
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['minor_faults_per_step']:,.0f} page faults and {r['kernel_cpu_s_per_step']:.2f} s of kernel CPU "
               "per step")
     if a.json:
-        Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "host": hostmem.describe(),
+        Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "host": hostmem.describe(), "machine": facts,
                                             "presets": results}, indent=2))
 
 

@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn", type=int, default=512, help="expert width")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
+    from scalerl_jax.benchmarks import machine
+
+    print(machine.header(machine.describe()))
     print(f"MoE layer fwd+bwd, {args.tokens} tokens, d {args.d}, expert ffn {args.ffn}, top-1, "
           f"{len(jax.devices())} simulated devices")
     print("experts | path | ms / call | tokens/s | vs dense")

@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.torch_threads)
     peak_jax, peak_torch = measure_peak()
+    from scalerl_jax.benchmarks import machine
+
+    print(machine.header(machine.describe()))
     print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}")
     print(f"measured peak (2048^3 f32 matmul): jnp.matmul {peak_jax / 1e9:.1f} GFLOP/s, "
           f"torch.mm {peak_torch / 1e9:.1f} GFLOP/s; MFU below is against the jnp.matmul figure\n")

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from scalerl_jax.benchmarks import machine
+
 from scalerl_jax import hostmem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[bench_trl] TRL {name}: {statistics.mean(steps[a.skip:]):.2f} s/step", flush=True)
     print(f"\nbatch: {a.prompts} prompts x {a.group} samples, <= {a.max_new} new tokens; "
           f"means over steps {a.skip + 1}..{a.steps}")
+    facts = machine.describe()
+    print(machine.header(facts))
     print(f"ours: {hostmem.describe()}")
     print(f"{'run':<24} {'s/step':>8} {'TRL / ours':>10}   steps (s)")
     print(f"{'ours (embedded, JAX)':<24} {ours_mean:>8.2f} {'':>10}   {' '.join(f'{s:.2f}' for s in ours_steps)}")
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.json:
         batch = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new}
         Path(a.json).write_text(json.dumps({"batch": batch, "skip": a.skip, "ours_steps": ours_steps,
-                                            "ours_breakdown": ours, "ours_host": hostmem.describe(),
+                                            "ours_breakdown": ours, "ours_host": hostmem.describe(), "machine": facts,
                                             "trl_version": trl.__version__,
                                             "trl_steps": trl_runs, "speedup_vs_best_trl": best / ours_mean},
                                            indent=2))

@@ -21,7 +21,8 @@ finished. The exit status is 1 if any row is an error.
    is an error and the later sections do not run.
 3. ``train``: the project's RL train step (``rl_loss`` with CISPO, ``make_train_step`` + ``jit_train_step`` on a
    one-device mesh, AdamW, state donated) for ``--train-model`` (Llama-3.2-1B shapes) in bf16 compute with the
-   float32 LM head, ``--train-batch`` x ``--train-seq`` tokens per step (2 x 4096 = 8k). MFU (6N basis) =
+   float32 LM head at the preset's ``head_matmul_impl`` (bf16x3 on the GPU presets), ``--train-batch`` x
+   ``--train-seq`` tokens per step (2 x 4096 = 8k). MFU (6N basis) =
    6 N tokens / step time / peak, N = the parameters that take part in a matmul per token (layers + LM head; the
    embedding lookup is not a matmul; a tied embedding counts once, as the head), = ``flops_per_token(0) / 2``.
    ``mfu_with_attention`` adds causal attention's FLOPs (3 x ``ModelConfig.flops_per_token(T)``). Memory: XLA's
@@ -32,7 +33,8 @@ finished. The exit status is 1 if any row is an error.
    tokens/s = generated tokens / wall time of ``generate`` (prefill included), best of ``--decode-reps`` after a
    warm-up.
 5. ``impl``: every ``ModelConfig`` field named ``*_impl`` whose choices include ``"reference"`` (today
-   ``logprobs_impl`` and ``attention_impl``), each non-reference choice against
+   ``logprobs_impl``, ``attention_impl`` and ``head_matmul_impl``: the FP32 head's matmul at IEEE float32 or as
+   float32 sums of bf16 products, ``scalerl_jax/models/head_matmul.py``), each non-reference choice against
    ``"reference"`` on the same model cut to ``--impl-layers`` layers: the RL loss's value and gradient
    (jitted), median time, compiled temp memory, and the loss's relative difference from the reference. A choice
    the config or the backend refuses (``ValueError``; in the CPU smoke run any failure, since GPU-only kernels
@@ -279,11 +281,12 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
     from scalerl_jax.models import init_params
 
     base = _model_cfg(sizes.train_model, sizes, dtype="bfloat16", head_dtype="float32", remat=False)
-    base = dataclasses.replace(base, n_layers=sizes.impl_layers)
+    fields = impl_fields()
+    # the reference of every switch (a preset may choose otherwise: the GPU presets' head_matmul_impl is bf16x3)
+    base = dataclasses.replace(base, n_layers=sizes.impl_layers, **{f: "reference" for f in fields})
     params = init_params(base, jax.random.key(0))
     batch = jax.device_put(rl_batch(base.vocab_size, sizes.impl_batch, sizes.impl_seq))
     shape = f"{sizes.train_model} cut to {sizes.impl_layers} layers, {sizes.impl_batch}x{sizes.impl_seq}"
-    fields = impl_fields()
     rep.meta["impl_fields"] = {k: list(v) for k, v in fields.items()}
     c, loss_ref, g_ref = _loss_and_grad(base, params, batch)
     t_ref = _median_time(lambda: jax.block_until_ready(c(params, batch)), sizes.impl_reps)

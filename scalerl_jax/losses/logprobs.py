@@ -11,7 +11,8 @@ For final-norm hidden states h_{b,t} (D), head weight W (D x V) and sampled targ
 of logits (plus its cotangent) instead of the full [B, T, V] tensor (16 GiB in float32 for B=4, T=8192,
 V=128256). ``head_dtype="float32"`` casts h and W to float32 before the matmul (ScaleRL's FP32-logits fix);
 ``"bfloat16"`` runs the matmul in bf16 and rounds the logits to bf16 (the ablation), after which the softmax
-statistics are taken in float32 in both modes.
+statistics are taken in float32 in both modes. With the float32 head, ``head_matmul_impl`` picks how its matmul is
+computed (``scalerl_jax.models.head_matmul``: IEEE float32, or float32 sums of exact bf16 products).
 
 ``head_logprobs`` is what the train step calls: it dispatches on ``ModelConfig.logprobs_impl`` between
 ``token_logprobs`` here (the reference) and the fused Pallas kernel
@@ -26,15 +27,20 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from scalerl_jax.models.head_matmul import head_matmul
 from scalerl_jax.models.layers import dtype as _dtype
 from scalerl_jax.sharding import per_shard
 
 _head_dtype = functools.partial(_dtype, what="head_dtype")
 
 
-def _logp_entropy(h_BxD: jax.Array, w_DV: jax.Array, tgt_Bx: jax.Array, temperature: float):
+def _logp_entropy(h_BxD: jax.Array, w_DV: jax.Array, tgt_Bx: jax.Array, temperature: float,
+                  head_matmul_impl: str = "reference"):
     """Log-prob of ``tgt`` and entropy for a block of positions; ``h`` and ``w`` already in the head dtype."""
-    logits = jnp.einsum("...d,dv->...v", h_BxD, w_DV, preferred_element_type=h_BxD.dtype)
+    if h_BxD.dtype == jnp.float32:
+        logits = head_matmul(h_BxD, w_DV, head_matmul_impl)
+    else:
+        logits = jnp.einsum("...d,dv->...v", h_BxD, w_DV, preferred_element_type=h_BxD.dtype)
     logits = logits.astype(jnp.float32)
     if temperature != 1.0:
         logits = logits / temperature
@@ -53,6 +59,7 @@ def token_logprobs(
     chunk: int = 256,
     head_dtype: str = "float32",
     temperature: float = 1.0,
+    head_matmul_impl: str = "reference",
 ) -> tuple[jax.Array, jax.Array]:
     """Chunked ``(logp_BT, entropy_BT)`` of ``targets_BT`` under ``softmax(hidden @ head / temperature)``.
 
@@ -63,6 +70,7 @@ def token_logprobs(
       chunk: positions per block; peak logits memory is ``B * chunk * V`` floats (x ~3 in the backward pass).
       head_dtype: "float32" (FP32 logits, the default) or "bfloat16" (the ablation).
       temperature: the sampling temperature; logits are divided by it, as in the generator.
+      head_matmul_impl: the float32 head's matmul (``ModelConfig.head_matmul_impl``).
 
     Returns:
       float32 ``logp_BT`` and ``entropy_BT``. Differentiable with respect to ``hidden_BTD`` and ``head_DV``.
@@ -83,7 +91,8 @@ def token_logprobs(
 
     # Checkpointing the block keeps only its inputs as residuals: the backward pass recomputes the block's
     # logits instead of storing n_chunks of them.
-    block = jax.checkpoint(functools.partial(_logp_entropy, temperature=temperature), prevent_cse=False)
+    block = jax.checkpoint(functools.partial(_logp_entropy, temperature=temperature,
+                                             head_matmul_impl=head_matmul_impl), prevent_cse=False)
     logp_NBc, ent_NBc = jax.lax.map(lambda xs: block(xs[0], w, xs[1]), (h_NBcD, tgt_NBc))
     logp_BT = logp_NBc.transpose(1, 0, 2).reshape(B, n_chunks * c)[:, :T]
     ent_BT = ent_NBc.transpose(1, 0, 2).reshape(B, n_chunks * c)[:, :T]
@@ -97,10 +106,11 @@ def token_logprobs_naive(
     *,
     head_dtype: str = "float32",
     temperature: float = 1.0,
+    head_matmul_impl: str = "reference",
 ) -> tuple[jax.Array, jax.Array]:
     """Reference ``(logp_BT, entropy_BT)`` that materialises the full [B, T, V] logits (tests, benchmarks)."""
     dtype = _head_dtype(head_dtype)
-    return _logp_entropy(hidden_BTD.astype(dtype), head_DV.astype(dtype), targets_BT, temperature)
+    return _logp_entropy(hidden_BTD.astype(dtype), head_DV.astype(dtype), targets_BT, temperature, head_matmul_impl)
 
 
 def head_logprobs(
@@ -112,6 +122,7 @@ def head_logprobs(
     chunk: int = 256,
     head_dtype: str = "float32",
     temperature: float = 1.0,
+    head_matmul_impl: str = "reference",
 ) -> tuple[jax.Array, jax.Array]:
     """``(logp_BT, entropy_BT)`` by the implementation ``impl`` names (``ModelConfig.logprobs_impl``).
 
@@ -124,12 +135,15 @@ def head_logprobs(
     """
     if impl == "reference":
         return token_logprobs(hidden_BTD, head_DV, targets_BT, chunk=chunk, head_dtype=head_dtype,
-                              temperature=temperature)
+                              temperature=temperature, head_matmul_impl=head_matmul_impl)
     if impl != "pallas":
         raise ValueError(f"logprobs_impl must be 'reference' or 'pallas', got {impl!r}")
     if _head_dtype(head_dtype) != jnp.float32:
         raise ValueError("logprobs_impl='pallas' computes the head in float32 only; head_dtype='bfloat16' (the "
                          "bf16-head ablation) needs logprobs_impl='reference'")
+    if head_matmul_impl != "reference":
+        raise ValueError(f"logprobs_impl='pallas' computes its head at float32 precision only; head_matmul_impl="
+                         f"{head_matmul_impl!r} needs logprobs_impl='reference'")
     # Imported here so Pallas stays off the import path of every run that keeps the reference.
     from scalerl_jax.kernels.token_logprobs import resolve_interpret
     from scalerl_jax.kernels.token_logprobs import token_logprobs as fused_token_logprobs

@@ -18,6 +18,7 @@ from scalerl_jax.config import ModelConfig
 from scalerl_jax.models import layers as nn
 from scalerl_jax.models import llama, llama4
 from scalerl_jax.models import params as P
+from scalerl_jax.models.head_matmul import head_matmul
 from scalerl_jax.models.params import Params
 
 KVCache = dict[str, jax.Array]  # {"k": [L, B, K, S, Dh], "v": [L, B, K, S, Dh]}
@@ -86,6 +87,8 @@ def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     hdt = nn.dtype(cfg.head_dtype)
     w = head_weight(params, cfg).astype(hdt)
     with jax.named_scope("lm_head"):
+        if hdt == jnp.float32:  # at the precision of cfg.head_matmul_impl (scalerl_jax/models/head_matmul.py)
+            return head_matmul(hidden, w, cfg.head_matmul_impl)
         logits = nn.proj(hidden.astype(hdt), w, preferred_element_type=hdt)
     return logits.astype(jnp.float32)
 

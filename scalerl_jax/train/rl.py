@@ -92,7 +92,7 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
         logp, ent = head_logprobs(
             h, head_weight(params, model_cfg), targets, impl=model_cfg.logprobs_impl, chunk=logp_chunk,
-            head_dtype=model_cfg.head_dtype, temperature=temperature,
+            head_dtype=model_cfg.head_dtype, temperature=temperature, head_matmul_impl=model_cfg.head_matmul_impl,
         )
         logp, ent = logp[:, :-1], ent[:, :-1]
         loss, m = policy_loss(logp, gen, adv, mask, batch["group_ids"], loss_cfg)

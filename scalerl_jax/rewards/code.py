@@ -75,10 +75,10 @@ if TYPE_CHECKING:
     from scalerl_jax.data.code_tasks import CodeTask
 
 def run_program(program: str, tests: str, entry_point: str | None = None,
-                config: SandboxConfig | None = None) -> CodeResult:
+                config: SandboxConfig | None = None, prompt: str = "") -> CodeResult:
     """Run one program and its tests in a fresh :class:`~scalerl_jax.rewards.sandbox.Sandbox` (the isolation probe
     is cached per process). For many programs use a :class:`~scalerl_jax.rewards.code_pool.CodePool`."""
-    return Sandbox(config).run(program, tests, entry_point)
+    return Sandbox(config).run(program, tests, entry_point, prompt)
 
 
 _default: CodePool | None = None
@@ -106,8 +106,8 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
         raise ValueError(f"code_results: {len(completions)} completions for {len(tasks)} tasks")
     pool = pool or default_pool()
     programs = [extract_program(c, t.code_prefix, t.entry_point) for c, t in zip(completions, tasks, strict=True)]
-    jobs = {k: CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k, p in enumerate(programs)
-            if p is not None}
+    jobs = {k: CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point, tasks[k].code_prefix)
+            for k, p in enumerate(programs) if p is not None}
     unique = list(dict.fromkeys(jobs.values()))
     ran = dict(zip(unique, pool.map(unique), strict=True))
     return [ran[jobs[k]] if k in jobs else CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation)
@@ -135,13 +135,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--program", required=True, help="the program (Python source file)")
     ap.add_argument("--tests", required=True, help="its tests: plain asserts, or check(candidate) with --entry-point")
     ap.add_argument("--entry-point", default=None, help="function passed to the tests' check(candidate)")
+    ap.add_argument("--prompt", default=None,
+                    help="the task's code prefix (a Python file): the helpers it defines are the task's, not the program's")
     ap.add_argument("--timeout", type=float, default=SandboxConfig.timeout_s, help="wall clock of the run, seconds")
     ap.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb, help="address space per process")
     ap.add_argument("--isolation", choices=ISOLATIONS, default="auto",
                     help="auto: bubblewrap, else rlimits with a warning; none runs the program unsandboxed")
     a = ap.parse_args(argv)
     texts = []
-    for flag, path in (("--program", a.program), ("--tests", a.tests)):
+    for flag, path in (("--program", a.program), ("--tests", a.tests), ("--prompt", a.prompt)):
+        if path is None:
+            texts.append("")
+            continue
         try:
             with open(path, encoding="utf-8") as f:
                 texts.append(f.read())
@@ -152,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     try:
-        result = run_program(texts[0], texts[1], a.entry_point, cfg)
+        result = run_program(texts[0], texts[1], a.entry_point, cfg, texts[2])
     except SandboxError as e:
         result = CodeResult(False, "sandbox_error", 0.0, str(e), a.isolation)
     print(json.dumps(result.summary()))

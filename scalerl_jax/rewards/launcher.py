@@ -30,7 +30,7 @@ def _launcher_main() -> None:
 
     c = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 -- the trainer's own repr() of plain values
 
-    def status(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
+    def status_line(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
         def js(v):
             return ("true" if v else "false") if type(v) is bool else str(v) if type(v) is int else \
                 '"' + str(v).replace("\\", "/").replace('"', "'") + '"'
@@ -87,7 +87,7 @@ def _launcher_main() -> None:
         confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
         confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
         if not confined["netns"] and not confined["seccomp"]:
-            os.write(status_fd, status(refused="no network namespace (neither root nor unprivileged user "
+            os.write(status_fd, status_line(refused="no network namespace (neither root nor unprivileged user "
                                               f"namespaces) and no socket filter for {os.uname().machine}: the "
                                               "rlimits mode would have network"))
             os._exit(126)
@@ -121,8 +121,7 @@ def _launcher_main() -> None:
         except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
             os.write(2, f"sandbox launcher: {e!r}\n".encode())
         os._exit(125)
-    os.write(status_fd, status(started=True, **confined))
-    os.close(status_fd)
+    os.write(status_fd, status_line(started=True, **confined))
     for fd in c["close"]:
         os.close(fd)
 
@@ -171,13 +170,16 @@ def _launcher_main() -> None:
         os._exit(143)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sweep()
+    # What this launcher observed, on the status pipe the interpreter does not hold: its own clock, the kernel's
+    # signal, the interpreter's CPU time. The trainer classifies by this, never by an exit status the program chose.
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
+    ended = "timeout" if timed_out else "signal" if sig else "exit"
+    with contextlib.suppress(OSError):
+        os.write(status_fd, status_line(ended=ended, signal=sig, code=code, cpu_ms=int(cpu * 1000)))
     if timed_out:
         os._exit(124)
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and cpu >= c["cpu"]:
-        # over the CPU limit: the init of a pid namespace ignores the soft limit's SIGXCPU, so the hard limit's
-        # SIGKILL ends it; reported as the SIGXCPU it is
-        os._exit(128 + signal.SIGXCPU)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    os._exit(128 + sig if sig else code)
 
 
 def _write(path: str, text: str) -> bool:

@@ -145,29 +145,42 @@ def _uid_pool(size: int = 1024) -> queue.SimpleQueue:
     return pool
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """``{pid: (parent pid, resident pages)}`` of every live process."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """``{pid: (parent pid, resident pages, CPU clock ticks)}`` of every live process."""
     table = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
             if fields[0] != "Z":
-                table[int(d)] = (int(fields[1]), int(fields[21]))
+                table[int(d)] = (int(fields[1]), int(fields[21]), int(fields[11]) + int(fields[12]))
     return table
 
 
-def tree_rss_mb(*pids: int) -> float:
-    """Resident memory of ``pids`` and all their descendants, MB (children of a pid namespace's init included)."""
-    table = _proc_table()
+def _tree(table: dict, pid: int) -> list[int]:
     kids: dict[int, list[int]] = {}
-    for p, (pp, _) in table.items():
-        kids.setdefault(pp, []).append(p)
-    total, stack = 0, list(pids)
+    for p, row in table.items():
+        kids.setdefault(row[0], []).append(p)
+    out, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += table.get(p, (0, 0))[1]
+        out += [p] if p in table else []
         stack += kids.get(p, [])
-    return total * _PAGE / 2**20
+    return out
+
+
+def tree_rss_mb(*pids: int, table: dict | None = None) -> float:
+    """Resident memory of ``pids`` and all their descendants, MB (children of a pid namespace's init included)."""
+    table = _proc_table() if table is None else table
+    return sum(table[p][1] for pid in pids for p in _tree(table, pid)) * _PAGE / 2**20
+
+
+def tree_cpu_s(pid: int, table: dict | None = None) -> float:
+    """The most CPU seconds any one process of ``pid``'s tree has used (RLIMIT_CPU binds each process)."""
+    table = _proc_table() if table is None else table
+    return max((table[p][2] for p in _tree(table, pid)), default=0) / _TICK
 
 
 def _readable(paths: list[str], masks: tuple[str, ...]) -> list[list]:
@@ -327,14 +340,15 @@ class Sandbox:
             a += ["--size", size, "--tmpfs", d]
         return a + ["--remount-ro", "/dev", "--chdir", "/sandbox", "--remount-ro", "/", "--"]
 
-    def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:
+    def run(self, program: str, tests: str, entry_point: str | None = None, prompt: str = "") -> CodeResult:
         """Run ``program``, then ``tests`` against it (plain asserts that use the program's names; with
         ``entry_point``, the tests' ``check(candidate)`` is called with the program's function of that name), each
-        in its own sandboxed interpreter. Never raises: any failure of the machinery itself is a ``sandbox_error``
+        in its own sandboxed interpreter. ``prompt``: the task's code prefix; the helpers it defines (HumanEval's
+        ``poly``, ``encode_cyclic``) are defined from it in the tests' interpreter, never taken from the program. Never raises: any failure of the machinery itself is a ``sandbox_error``
         result."""
         t0 = time.monotonic()
         try:
-            return self._run(program, tests, entry_point, self.isolation, self.config)[0]
+            return self._run(program, tests, entry_point, self.isolation, self.config, prompt)[0]
         except Exception as e:
             log.exception("code sandbox: run failed")
             return CodeResult(False, "sandbox_error", time.monotonic() - t0, f"{type(e).__name__}: {e}",
@@ -390,8 +404,8 @@ class Sandbox:
         if launch.scratch is not None:
             shutil.rmtree(launch.scratch, ignore_errors=True)
 
-    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig
-             ) -> tuple[CodeResult, dict]:
+    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig,
+             prompt: str = "") -> tuple[CodeResult, dict]:
         """One run; also returns the program launcher's status (what the rlimits mode obtained)."""
         t0 = time.monotonic()
         limits = None if mode == "none" else {
@@ -406,7 +420,8 @@ class Sandbox:
             try:
                 launches.append(self._launch("program", {"program": program, "limits": limits}, (req_r, rep_w),
                                              mode, cfg))
-                launches.append(self._launch("tests", {"tests": tests, "entry_point": entry_point, "limits": limits},
+                launches.append(self._launch("tests", {"tests": tests, "entry_point": entry_point, "limits": limits,
+                                                       "prompt": prompt},
                                              (ver_w, req_w, rep_r), mode, cfg))
             finally:
                 for fd in (req_r, req_w, rep_r, rep_w, ver_w):
@@ -422,17 +437,17 @@ class Sandbox:
                 err = (refused + " " + err + " " + test_err).strip()
             verdict = _read_verdict(bytes(head["verdict"]))
             seconds = time.monotonic() - t0
-            test_rc = _returncode(test.proc) if started else 0
-            if killed is None and test_rc == 124 and mode != "bwrap":
+            test_end = _ended(test, head["tstatus"], head["cpu"]["test"]) if started else {}
+            if killed is None and test_end.get("how") == "timeout":
                 killed = "timeout"  # the rlimits launcher's own clock
             if killed is None and started and verdict is not None and verdict[0] == "crash":
                 # the program process went away mid-tests: how it ended says why
-                r = classify_run(None, None, True, _returncode(prog.proc), mode, cfg, seconds, out, err)
+                r = classify_run(None, None, True, _ended(prog, head["pstatus"], head["cpu"]["prog"]), mode, cfg, seconds, out, err)
             elif killed is None and started and verdict is None:  # the tests process itself ended without one
-                r = classify_run(None, None, True, test_rc, mode, cfg, seconds, out, err)
+                r = classify_run(None, None, True, test_end, mode, cfg, seconds, out, err)
                 r = CodeResult(False, r.reason, seconds, f"the tests' process: {r.detail}", mode, out, err)
             else:
-                r = classify_run(killed, verdict, started, test_rc, mode, cfg, seconds, out, err)
+                r = classify_run(killed, verdict, started, test_end, mode, cfg, seconds, out, err)
             return r, status["pstatus"]
         finally:
             os.close(ver_r)
@@ -454,12 +469,40 @@ def _status(raw: bytes) -> dict:
     return out
 
 
-def _returncode(proc: subprocess.Popen, wait_s: float = 1.0) -> int:
-    """``proc``'s exit status (waiting up to ``wait_s`` for it; a launcher that ended its child is sweeping), or -9
-    if it is still running then."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        return proc.wait(wait_s)
-    return -signal.SIGKILL
+def _ended(launch: _Launch, status_head: bytearray, sampled_cpu: float = 0.0, wait_s: float = 1.0) -> dict:
+    """How one interpreter ended, as observed outside it: ``{"how", "signal", "code", "cpu"}``. ``how``:
+    ``"timeout"`` (the rlimits launcher's own clock), ``"signal"`` (the kernel's signal, from the launcher's
+    ``wait4``), ``"exit"``, ``"status"`` (bubblewrap's exit status: an exit code and a signal read alike) or
+    ``"gone"`` (still running after ``wait_s``, or ended without a word); ``cpu``: CPU seconds of the interpreter
+    and the children it waited for (bubblewrap's ``wait4`` rusage, or the launcher's report)."""
+    p, rc, cpu = launch.proc, None, 0.0
+    deadline = time.monotonic() + wait_s  # a launcher that ended its child may still be sweeping
+    while p.returncode is None:
+        try:
+            pid, st, usage = os.wait4(p.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(st)
+            cpu = usage.ru_utime + usage.ru_stime
+            break
+        if time.monotonic() >= deadline:
+            return {"how": "gone", "signal": 0, "code": 0, "cpu": 0.0}
+        time.sleep(0.005)
+    rc = p.returncode
+    if launch.mode == "bwrap":  # its rusage misses the sandbox's processes: the CPU sampled while it ran, to the
+        # sampling interval (a process killed at the CPU limit was last seen at most one interval before)
+        cpu = max(cpu, sampled_cpu + _RSS_EVERY_S + 0.05 if sampled_cpu else 0.0)
+        return {"how": "status", "signal": 0, "code": rc if rc is not None else 0, "cpu": cpu}
+    with contextlib.suppress(OSError):  # the launcher's last line, written after its child ended
+        os.set_blocking(launch.status, False)
+        while len(status_head) < _VERDICT_MAX and (chunk := os.read(launch.status, 1 << 16)):
+            status_head += chunk
+    last = _status(bytes(status_head))
+    if last.get("ended") not in ("timeout", "signal", "exit"):
+        return {"how": "gone", "signal": 0, "code": 0, "cpu": 0.0}
+    return {"how": last["ended"], "signal": int(last.get("signal", 0)), "code": int(last.get("code", 0)),
+            "cpu": int(last.get("cpu_ms", 0)) / 1000}
 
 
 def _stop(launch: _Launch) -> None:
@@ -492,7 +535,7 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
     poller = select.poll()  # not select(): a big trainer's descriptors run past 1024
     for fd in (*streams, *pidfds):
         poller.register(fd, select.POLLIN)
-    killed, exited, sample_at = None, {}, time.monotonic() + _RSS_EVERY_S
+    killed, exited, sample_at, cpu = None, {}, time.monotonic() + _RSS_EVERY_S, {"prog": 0.0, "test": 0.0}
     try:
         while killed is None:
             now = time.monotonic()
@@ -505,9 +548,12 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
                     break
             if not exited and now >= sample_at:
                 # RLIMIT_AS bounds each process; this bounds the run (max_procs processes could hold more)
-                if tree_rss_mb(prog.proc.pid, test.proc.pid) > cfg.memory_mb:
+                table = _proc_table()
+                if tree_rss_mb(prog.proc.pid, test.proc.pid, table=table) > cfg.memory_mb:
                     killed = "memory"
                     break
+                for name, launch in (("prog", prog), ("test", test)):  # bubblewrap's exit status cannot say
+                    cpu[name] = max(cpu[name], tree_cpu_s(launch.proc.pid, table))
                 sample_at = now + _RSS_EVERY_S
             end = min(deadline, sample_at if not exited else now + 0.05)
             for fd, _ in poller.poll(math.ceil(max(0.0, end - now) * 1000)):
@@ -530,6 +576,7 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
     finally:
         for fd in pidfds:
             os.close(fd)
+    head["cpu"] = cpu
     return killed, head
 
 

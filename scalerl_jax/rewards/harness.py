@@ -25,7 +25,7 @@ import functools
 import inspect
 import textwrap
 
-from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _write
+from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _seccomp_program, _write
 
 
 def _send(fd: int, data: bytes) -> None:
@@ -489,6 +489,9 @@ def _tests_main() -> None:
                 if what == "compile":
                     return code
                 return real_eval(code, {"__builtins__": {}}, {})
+            if what != "compile" and not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
+                caller = sys._getframe(1)
+                args = (caller.f_globals, caller.f_locals)
             return real(source, *args, **kwargs)
 
         run.__name__ = what
@@ -656,7 +659,7 @@ def _tests_main() -> None:
 _ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),
           "tests": (_send, _recv, _enc, _dec, _Unsound, _plain, _canon, _strict_eq, _ordered, _strict_in, _strict_cmp,
                     _strict_chain, _set_limits, _message, _describe, _tests_main),
-          "launcher": (_write, _landlock, _no_sockets, _launcher_main)}
+          "launcher": (_write, _landlock, _seccomp_program, _no_sockets, _launcher_main)}
 
 
 @functools.cache

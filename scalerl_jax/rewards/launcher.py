@@ -4,10 +4,13 @@
 It drops root to the interpreter's fresh uid (making paths that uid cannot reach visible in a private mount
 namespace), then either execs bubblewrap, or, in the rlimits mode, starts the interpreter itself:
 
-- as the init of a new pid namespace and in a new network namespace, where the kernel allows them (root makes both;
-  anyone else needs unprivileged user namespaces);
-- confined by Landlock (:func:`_landlock`) and by a seccomp filter without sockets (:func:`_no_sockets`); without a
-  network namespace or that filter it refuses to start;
+- as the init of new pid, network, IPC and mount namespaces, where the kernel allows them (root makes them;
+  anyone else needs unprivileged user namespaces), its scratch directory a size-capped tmpfs;
+- confined by Landlock (:func:`_landlock`) and by a seccomp filter without sockets, memfd or System V IPC
+  (:func:`_no_sockets`); without a network namespace or that filter it refuses to start, and without Landlock
+  unless the trainer named the weaker mode;
+- it reports how the interpreter ended (its own clock, the kernel's signal, the CPU time) on its status pipe, which
+  the interpreter does not hold;
 - under its wall clock, then its whole process tree is killed: reaping the pid namespace's init empties the
   namespace, else a sweep of the launcher's descendants (it is their child subreaper). SIGTERM from the trainer,
   or the trainer's death, ends the run the same way.
@@ -105,7 +108,8 @@ def _launcher_main() -> None:
             ok(libc.mount(b"tmpfs", c["scratch"].encode(), b"tmpfs", ms_nosuid | ms_nodev, opts.encode()),
                "tmpfs on the scratch directory")
             confined["scratch_tmpfs"] = True
-        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
+        # the kernel's Landlock ABI, 0 if none (or if the trainer's tests ask to run as on such a kernel)
+        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1)) if c["landlock"] else 0
         confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
         if not confined["netns"] and not confined["seccomp"]:
             os.write(status_fd, status_line(refused="no network namespace (neither root nor unprivileged user "

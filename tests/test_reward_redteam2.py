@@ -388,3 +388,46 @@ def test_rlimits_without_landlock_refuses_unless_named_weak():
         assert weak.run("def f():\n    return 2\n", "assert f() == 2\n").passed
     finally:
         sb.LANDLOCK = True
+
+
+# ---- honest programs beside hostile ones in one pool ----
+
+_HOSTILE_NEIGHBOURS = (
+    "def f():\n    while True:\n        pass\n",  # spins to the CPU limit
+    "import os\ndef f():\n    while True:\n        try:\n            os.fork()\n"
+    "        except OSError:\n            pass\n",  # a fork bomb
+    "import os\ndef f():\n    for _ in range(7):\n        if os.fork() == 0:\n            os.setsid()\n"
+    "            while True:\n                pass\n    return 0\n",  # children spinning in their own sessions
+    "import threading\ndef spin():\n    while True:\n        pass\ndef f():\n    for _ in range(6):\n"
+    "        threading.Thread(target=spin, daemon=True).start()\n    spin()\n",
+    "def f():\n    x = []\n    while True:\n        x.append(bytearray(1 << 24))\n",  # memory to its limit
+    "import sys\ndef f():\n    while True:\n        sys.stdout.write('x' * 65536)\n",  # output past the cap
+    "import time\ndef f():\n    time.sleep(3600)\n",  # holds its worker to the wall clock
+    "import os\ndef f():\n    os._exit(168)\n",
+)
+
+
+@pytest.mark.parametrize("mode", ("bwrap", "rlimits"))
+def test_honest_programs_pass_beside_hostile_ones(mode):
+    from scalerl_jax.data.code_tasks import load_humaneval
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+    from scalerl_jax.rewards.sandbox import SandboxError
+
+    tasks = load_humaneval()[:8]
+    cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+                        isolation=mode, workers=8)
+    try:
+        pool = CodePool(cfg)
+    except SandboxError as e:
+        pytest.skip(f"{mode} cannot start here: {e}")
+    honest = [CodeJob(t.reference_program(), t.tests, t.entry_point, t.code_prefix) for t in tasks]
+    hostile = [CodeJob(p, "assert f() == 1\n") for p in _HOSTILE_NEIGHBOURS]
+    # interleaved: both kinds start together
+    jobs = [j for pair in zip(hostile, honest, strict=True) for j in pair]
+    with pool:
+        results = pool.map(jobs)
+    honest_results = results[1::2]
+    late = {t.task_id: (r.reason, round(r.seconds, 2), r.detail[:120])
+            for t, r in zip(tasks, honest_results, strict=True) if not r.passed or r.seconds >= cfg.timeout_s}
+    assert not late, f"honest programs failed beside hostile ones under {mode}: {late}"
+    assert not any(r.passed for r in results[0::2])

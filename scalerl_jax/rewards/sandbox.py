@@ -305,8 +305,7 @@ class Sandbox:
         raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
 
     def _rlimits_words(self) -> str:
-        c = self.confinement if self.isolation == "rlimits" else \
-            _confinement.get(("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid()), {})
+        c = _confinement.get(("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid()), {})
         return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
             f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 

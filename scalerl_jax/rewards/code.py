@@ -48,8 +48,9 @@ What the program can and cannot do:
   written in the tests themselves run as written.
 - Helpers the task's prompt defines (HumanEval's ``poly``, ``encode_cyclic``, ``encode_shift``) are defined in the
   tests' interpreter from the prompt's text (the ``prompt`` of :meth:`Sandbox.run`, a task's ``code_prefix``): the
-  tests never call the program's versions. A prompt that is not a complete module (a prefix continued
-  mid-definition) defines nothing there, and tests of such a task still take its helpers from the program.
+  tests never call the program's versions. The prompt's last function (the one the completion writes), the entry
+  point and stubs stay the program's. A prompt that is not a complete module (a prefix continued mid-statement)
+  defines nothing there, and tests of such a task still take its helpers from the program.
 - It sees the arguments of every call. Values cross by copy: a test that checks how the program mutated an argument
   sees the argument unchanged, and objects (instances, generators, functions) cannot be passed either way: tests in
   the ``Solution().method()`` style need an adapter that calls a function. Program names the tests use only inside

@@ -577,9 +577,10 @@ def _tests_main() -> None:
         elif isinstance(n, ast.ExceptHandler) and n.name:
             bound.add(n.name)
     # The task's prompt (HumanEval's defines helpers such as poly or encode_cyclic, which the tests call): its
-    # definitions run here, so the tests call the task's helpers, never the program's. Stubs (a body of only a
-    # docstring, pass or ...) and the entry point are left to the program. A prompt that is not a whole module (a
-    # prefix the completion continues mid-definition) defines nothing here.
+    # definitions run here, so the tests call the task's helpers, never the program's. Left to the program: the
+    # entry point, the prompt's last function (the one the completion continues or replaces), and stubs (a body of
+    # only a docstring, pass or ...). A prompt that is not a whole module (a prefix the completion continues
+    # mid-statement) defines nothing here.
     helpers, prompt_tree = set(), None
     if job.get("prompt"):
         try:
@@ -592,7 +593,9 @@ def _tests_main() -> None:
                        and (type(b.value.value) is str or b.value.value is Ellipsis) for b in f.body)
 
         defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-        prompt_tree.body = [n for n in prompt_tree.body if not (isinstance(n, defs) and (n.name == entry or stub(n)))]
+        last = next((n for n in reversed(prompt_tree.body) if isinstance(n, defs)), None)
+        prompt_tree.body = [n for n in prompt_tree.body
+                            if not (isinstance(n, defs) and (n is last or n.name == entry or stub(n)))]
         for n in prompt_tree.body:
             if isinstance(n, (*defs, ast.ClassDef)):
                 helpers.add(n.name)

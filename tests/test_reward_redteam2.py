@@ -1,7 +1,8 @@
-"""Red team for the code reward, second round: what a type-strict ``==`` alone lets through. Hostile programs a policy
-could write, one or more per class, each graded false with the reason it must fail with, and the host untouched
-(the facts of :class:`tests.test_reward_redteam.Host`), under bubblewrap and under the rlimits mode (with and without
-namespaces), as root and as an unprivileged user; and honest programs the earlier grader failed, which must pass.
+"""Red team for the code reward beyond :mod:`tests.test_reward_redteam`: what a type-strict ``==`` alone lets
+through. Hostile programs a policy could write, one or more per class, each graded false with the reason it must
+fail with, and the host untouched (the facts of :class:`tests.test_reward_redteam.Host`), under bubblewrap and under
+the rlimits mode (with and without namespaces), as root and as an unprivileged user; and honest programs the earlier
+grader failed, which must pass.
 
 Classes: control flow that leaves a call (an iteration-protocol exception raised in a call the tests make from
 ``map`` / ``filter`` / ``zip`` / ``next``); values that defeat comparisons other than ``==`` (NaN against a tolerance,

@@ -476,9 +476,10 @@ class SandboxSettings:
     """How the code reward runs model-written programs (scalerl_jax.rewards.sandbox). The isolation actually used
     is written into every run's config.json and summary.json."""
 
-    #: auto: bubblewrap, else rlimits with a loud warning; bwrap / rlimits: refuse to start without it; none: run
-    #: programs UNSANDBOXED (only when set explicitly)
-    isolation: Literal["auto", "bwrap", "rlimits", "none"] = "auto"
+    #: auto: bubblewrap, else rlimits with a loud warning; bwrap / rlimits: refuse to start without it (rlimits
+    #: also without Landlock); rlimits-weak: rlimits on a kernel without Landlock (host files reachable; only when
+    #: set explicitly); none: run programs UNSANDBOXED (only when set explicitly)
+    isolation: Literal["auto", "bwrap", "rlimits", "rlimits-weak", "none"] = "auto"
     timeout_s: float = 10.0  # wall clock (and CPU seconds) of one program + its tests
     memory_mb: int = 1024  # address space of each sandboxed process
     workers: int = 4  # programs run at once (a bounded pool beside generation)
@@ -487,8 +488,8 @@ class SandboxSettings:
     max_error_rate: float = 0.25
 
     def __post_init__(self) -> None:
-        _check(self.isolation in ("auto", "bwrap", "rlimits", "none"),
-               f"SandboxSettings.isolation must be auto|bwrap|rlimits|none, got {self.isolation!r}")
+        _check(self.isolation in ("auto", "bwrap", "rlimits", "rlimits-weak", "none"),
+               f"SandboxSettings.isolation must be auto|bwrap|rlimits|rlimits-weak|none, got {self.isolation!r}")
         _check(self.timeout_s > 0, f"SandboxSettings.timeout_s must be > 0, got {self.timeout_s}")
         _check(0 <= self.max_error_rate <= 1,
                f"SandboxSettings.max_error_rate must be in [0, 1], got {self.max_error_rate}")

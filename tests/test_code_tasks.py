@@ -47,7 +47,7 @@ def test_humaneval_is_the_packages_own_164_problems():
 
 def test_humaneval_canonical_solutions_pass_and_a_corrupted_one_fails(pool):
     tasks = load_humaneval()
-    results = pool.map([CodeJob(t.reference_program(), t.tests, t.entry_point) for t in tasks])
+    results = pool.map([CodeJob(t.reference_program(), t.tests, t.entry_point, t.code_prefix) for t in tasks])
     failed = [(t.task_id, r.reason, r.detail) for t, r in zip(tasks, results, strict=True) if not r.passed]
     assert not failed
     assert {r.isolation for r in results} == {pool.isolation}

@@ -5,43 +5,66 @@
 runs FILE then its tests and prints one JSON object ``{"passed": bool, "reason": str, "seconds": float,
 "isolation": str, "detail": str}``; it exits 0 whether the program passed or not (2 for a usage error). Tests are
 plain asserts, or, with ``--entry-point NAME``, HumanEval-style: they define ``check(candidate)``, which is called
-with the program's function ``NAME``.
+with the program's function ``NAME``. ``--prompt FILE``: the task's code prefix, whose helpers the tests use.
 
 The sandbox (:mod:`scalerl_jax.rewards.sandbox`) is the security boundary of the system. A run has two sandboxed
 interpreters: the program's, which runs the program and answers calls with plain values, and the tests', which
-runs the tests against proxies of the program's names, compares (type-strictly for the asserts' ``==`` / ``!=``)
-and alone writes the verdict. With bubblewrap each sees no network, no host file system beyond a read-only
-interpreter and system libraries, no host processes, a fresh size-capped scratch directory, and runs under
-rlimits (CPU seconds, address space, processes, file size, open files), a wall clock that kills its whole process
-tree, and capped output. The ``rlimits`` mode confines each with a pid and network namespace where the kernel
-allows one, Landlock and rlimits, and refuses to start with network access; ``auto`` falls back to it with a loud
-warning. Every :class:`CodeResult` names the isolation it ran under.
+runs the tests against proxies of the program's names, compares type-strictly and alone writes the verdict. With
+bubblewrap each sees no network, no host file system beyond a read-only interpreter and system libraries, no host
+processes, no host IPC objects, fresh size-capped tmpfs for its scratch directory, ``/tmp`` and ``/dev/shm``, no
+``memfd_create`` (seccomp), and runs under rlimits (CPU seconds, address space, processes, file size, open files),
+a wall clock that kills its whole process tree, and capped output. The ``rlimits`` mode confines each with pid,
+network, IPC and mount namespaces where the kernel allows them (root, or unprivileged user namespaces; the mount
+namespace gives it a size-capped tmpfs scratch directory), Landlock, a seccomp filter (no sockets, no memfd, no
+System V IPC) and rlimits; it refuses to start with network access or without Landlock (``rlimits-weak`` names
+the mode without Landlock explicitly); ``auto`` falls back to ``rlimits`` with a loud warning. Every
+:class:`CodeResult` names the isolation it ran under.
 
 Reasons (:data:`REASONS`): ``passed``; ``failed`` (an assert or exception in the program or its tests, with the
-message and line in ``detail``; a value that is not plain); ``timeout`` (wall clock or CPU limit); ``memory`` (a
-MemoryError under the address-space limit, or the run's processes together over ``memory_mb``); ``output_limit``
-(more than ``max_output_bytes`` on stdout or stderr); ``crash`` (the program's process ended during the tests:
-``os._exit``, a signal); ``sandbox_error`` (the machinery failed).
+message and line in ``detail``; a value that is not plain; a comparison no value may satisfy); ``timeout`` (the
+wall clock, or a CPU time at the CPU limit as observed outside the program); ``memory`` (a MemoryError under the
+address-space limit, or the run's processes together over ``memory_mb``); ``output_limit`` (more than
+``max_output_bytes`` on stdout or stderr); ``crash`` (the program's process ended during the tests: ``os._exit``,
+a signal, any exit status, whatever number it is); ``sandbox_error`` (the machinery failed: it did not start, or a
+worker never came back; never how a program ended).
 
 What the program can and cannot do:
 
-- It can return any plain value, raise, print, exit: none of it is a verdict. It cannot make a failing assert pass
+- It can return any plain value, raise, print, exit: none of it is a verdict. It cannot make a failing test pass
   except by returning the right value: objects with their own ``__eq__`` / ``__bool__``, subclasses of ``int`` or
-  ``bool`` and anything else that is not plain fail the test ("not a plain value"), a ``bool`` is not equal to an
-  ``int`` (ints and floats compare by value, NaN equals nothing), and it never sees the expected values.
-- It sees the arguments of every call, and helpers the tests take from the program (HumanEval's ``poly``,
-  ``encode_cyclic``, ``encode_shift``, defined in the prompt) are the program's own: a program that rewrites them
-  changes what those tests check.
-- Values cross by copy: a test that checks how the program mutated an argument sees the argument unchanged, and
-  objects (instances, generators, functions) cannot be passed either way: tests in the ``Solution().method()``
-  style need an adapter that calls a function.
+  ``bool`` and anything else that is not plain fail the test ("not a plain value"). The standard library's
+  containers that compare equal to plain values (``Counter``, ``OrderedDict``, ``defaultdict``, namedtuples,
+  ``UserDict`` / ``UserList`` / ``UserString``) cross as those values, their contents read with the base type's
+  methods. Every comparison the tests make (every operator, ``in``, chains, ``math.isclose`` / ``cmath.isclose``,
+  ``unittest`` assertions, nested containers, set members, dict keys) is type-strict: a ``bool`` is not an
+  ``int``; ints and floats compare by value; NaN equals nothing, and a NaN (or a bool against a number) in an
+  ordering comparison fails the program whichever way round the check is written, even if the tests catch it.
+- An exception it raises reaches the tests as the same builtin type, or as a class of its name under its builtin
+  base (a ``ValueError`` subclass is caught by ``except ValueError``); ``StopIteration`` and
+  ``StopAsyncIteration`` (and their subclasses) arrive as a ``RuntimeError``, so a call the tests make from
+  ``map`` / ``filter`` / ``zip`` / ``next`` cannot end the tests' loop early.
+- Text it returns that the tests ``eval`` / ``exec`` / ``compile`` is evaluated only if it is literals and
+  arithmetic (no names, attributes, calls or comprehensions; ``exec`` never), with empty builtins; code strings
+  written in the tests themselves run as written.
+- Helpers the task's prompt defines (HumanEval's ``poly``, ``encode_cyclic``, ``encode_shift``) are defined in the
+  tests' interpreter from the prompt's text (the ``prompt`` of :meth:`Sandbox.run`, a task's ``code_prefix``): the
+  tests never call the program's versions. The prompt's last function (the one the completion writes), the entry
+  point and stubs stay the program's. A prompt that is not a complete module (a prefix continued mid-statement)
+  defines nothing there, and tests of such a task still take its helpers from the program.
+- It sees the arguments of every call. Values cross by copy: a test that checks how the program mutated an argument
+  sees the argument unchanged, and objects (instances, generators, functions) cannot be passed either way: tests in
+  the ``Solution().method()`` style need an adapter that calls a function. Program names the tests use only inside
+  a code string they ``exec`` are not bound.
 - The ``rlimits`` mode reads the host's file system where Landlock allows it (the interpreter, the system
-  libraries, ``/proc``); its scratch directory is on the host's disk. Without a network namespace (no root and no
-  unprivileged user namespaces) Landlock blocks TCP but not UDP, and the process tree is killed by a sweep from
-  the launcher (its child subreaper) rather than by the end of a pid namespace.
-- No seccomp filter: inside the namespaces the kernel's whole system-call surface is reachable.
+  libraries, ``/proc``). Without namespaces (no root and no unprivileged user namespaces): Landlock blocks TCP but
+  not UDP, the process tree is killed by a sweep from the launcher (its child subreaper) rather than by the end of a
+  pid namespace, and the scratch directory is on the host's disk, capped per file only (``RLIMIT_FSIZE``).
+- The seccomp filters cover the calls named above; the rest of the kernel's system-call surface is reachable inside
+  the namespaces.
 - ``RLIMIT_AS`` binds each process exactly; the run's total is sampled every 0.25 s, so a burst can exceed
-  ``memory_mb`` briefly (never ``max_procs * memory_mb``).
+  ``memory_mb`` briefly (never ``max_procs * memory_mb``). CPU is limited per process (``RLIMIT_CPU``), not per
+  run: no cgroup quota, so a program's children in their own sessions can slow other runs on the same machine
+  until the wall clock ends them.
 
 Batches go through a bounded pool of workers (:class:`~scalerl_jax.rewards.code_pool.CodePool`), so code rewards
 run beside generation and one slow program holds one worker for at most its own timeout.
@@ -75,10 +98,10 @@ if TYPE_CHECKING:
     from scalerl_jax.data.code_tasks import CodeTask
 
 def run_program(program: str, tests: str, entry_point: str | None = None,
-                config: SandboxConfig | None = None) -> CodeResult:
+                config: SandboxConfig | None = None, prompt: str = "") -> CodeResult:
     """Run one program and its tests in a fresh :class:`~scalerl_jax.rewards.sandbox.Sandbox` (the isolation probe
     is cached per process). For many programs use a :class:`~scalerl_jax.rewards.code_pool.CodePool`."""
-    return Sandbox(config).run(program, tests, entry_point)
+    return Sandbox(config).run(program, tests, entry_point, prompt)
 
 
 _default: CodePool | None = None
@@ -106,8 +129,8 @@ def code_results(completions: Sequence[str], tasks: Sequence[CodeTask], pool: Co
         raise ValueError(f"code_results: {len(completions)} completions for {len(tasks)} tasks")
     pool = pool or default_pool()
     programs = [extract_program(c, t.code_prefix, t.entry_point) for c, t in zip(completions, tasks, strict=True)]
-    jobs = {k: CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point) for k, p in enumerate(programs)
-            if p is not None}
+    jobs = {k: CodeJob(programs[k], tasks[k].tests, tasks[k].entry_point, tasks[k].code_prefix)
+            for k, p in enumerate(programs) if p is not None}
     unique = list(dict.fromkeys(jobs.values()))
     ran = dict(zip(unique, pool.map(unique), strict=True))
     return [ran[jobs[k]] if k in jobs else CodeResult(False, "failed", 0.0, NO_PROGRAM, pool.isolation)
@@ -135,13 +158,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--program", required=True, help="the program (Python source file)")
     ap.add_argument("--tests", required=True, help="its tests: plain asserts, or check(candidate) with --entry-point")
     ap.add_argument("--entry-point", default=None, help="function passed to the tests' check(candidate)")
+    ap.add_argument("--prompt", default=None,
+                    help="the task's code prefix (a Python file): the tests use the helpers it defines, not the "
+                         "program's")
     ap.add_argument("--timeout", type=float, default=SandboxConfig.timeout_s, help="wall clock of the run, seconds")
     ap.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb, help="address space per process")
     ap.add_argument("--isolation", choices=ISOLATIONS, default="auto",
                     help="auto: bubblewrap, else rlimits with a warning; none runs the program unsandboxed")
     a = ap.parse_args(argv)
     texts = []
-    for flag, path in (("--program", a.program), ("--tests", a.tests)):
+    for flag, path in (("--program", a.program), ("--tests", a.tests), ("--prompt", a.prompt)):
+        if path is None:
+            texts.append("")
+            continue
         try:
             with open(path, encoding="utf-8") as f:
                 texts.append(f.read())
@@ -152,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     try:
-        result = run_program(texts[0], texts[1], a.entry_point, cfg)
+        result = run_program(texts[0], texts[1], a.entry_point, cfg, texts[2])
     except SandboxError as e:
         result = CodeResult(False, "sandbox_error", 0.0, str(e), a.isolation)
     print(json.dumps(result.summary()))

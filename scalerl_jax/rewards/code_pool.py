@@ -30,11 +30,13 @@ _LOST_AFTER_S = 30.0
 
 
 class CodeJob(NamedTuple):
-    """One program to run against its tests (``entry_point``: HumanEval's ``check(candidate)`` target)."""
+    """One program to run against its tests (``entry_point``: HumanEval's ``check(candidate)`` target;
+    ``prompt``: the task's code prefix, whose helper definitions the tests take from the task, not the program)."""
 
     program: str
     tests: str
     entry_point: str | None = None
+    prompt: str = ""
 
 
 class SandboxUnhealthy(RuntimeError):
@@ -59,6 +61,7 @@ class CodePool:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REASONS, 0)
         self._lost = 0
+        self._errors: list[str] = []  # the last few sandbox errors' details, for SandboxUnhealthy's message
         self._seconds = 0.0
 
     @property
@@ -70,20 +73,24 @@ class CodePool:
         # ``started``: when a worker picked the job up (its deadline starts there), then when it ended or was given up
         started.append(time.monotonic())
         try:
-            r = self.sandbox.run(job.program, job.tests, job.entry_point)
+            extra = {"prompt": job.prompt} if job.prompt else {}  # a stand-in sandbox need not take a prompt
+            r = self.sandbox.run(job.program, job.tests, job.entry_point, **extra)
         except BaseException as e:  # noqa: BLE001 -- Sandbox.run does not raise; if it ever does, still a result
             r = CodeResult(False, "sandbox_error", time.monotonic() - started[0], f"{type(e).__name__}: {e}",
                            self.isolation)
         with self._lock:
             if len(started) == 1:  # else map() gave up on it and counted it already
                 self._counts[r.reason] = self._counts.get(r.reason, 0) + 1
+                if r.reason == "sandbox_error":
+                    self._errors = [*self._errors[-4:], r.detail[:300]]
                 self._seconds += r.seconds
                 started.append(time.monotonic())  # done: map() no longer gives up on it
         return r
 
-    def submit(self, program: str, tests: str, entry_point: str | None = None) -> Future[CodeResult]:
+    def submit(self, program: str, tests: str, entry_point: str | None = None, prompt: str = ""
+               ) -> Future[CodeResult]:
         """Queue one run; the future's result is always a :class:`CodeResult`."""
-        return self._ex.submit(self._run, CodeJob(program, tests, entry_point), [])
+        return self._ex.submit(self._run, CodeJob(program, tests, entry_point, prompt), [])
 
     def map(self, jobs: Iterable[CodeJob]) -> list[CodeResult]:
         """Run every job (at most ``workers`` at once) and return one result per job, in order. A job waits in the
@@ -105,7 +112,9 @@ class CodePool:
                 f"{s['sandbox_error']} of {s['runs']} sandboxed programs came back as sandbox errors "
                 f"({s['error_rate']:.0%} > sandbox.max_error_rate {self.max_error_rate:.0%}; {s['lost']} lost, "
                 f"{s['timeout']} timeouts) under {self.sandbox.describe()}: stopping rather than training on -1 "
-                "rewards the policy did not earn; check the sandbox (bubblewrap, limits, sandbox.workers)")
+                "rewards the policy did not earn; check the sandbox (bubblewrap, limits, sandbox.workers). A sandbox "
+                "error is a failure of the machinery (it did not start, a worker never came back), never how a "
+                f"program ended; the last ones: {' | '.join(self._errors) or 'none recorded'}")
 
     def _wait(self, started: list[float], f: Future) -> CodeResult:
         allowed = self.config.timeout_s + _LOST_AFTER_S
@@ -124,6 +133,7 @@ class CodePool:
                         self._lost += 1
                         started.append(time.monotonic())
                         self._counts["sandbox_error"] += 1
+                        self._errors = [*self._errors[-4:], r.detail[:300]]
                         self._seconds += r.seconds
                     return r
 

@@ -10,8 +10,8 @@ import signal
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Isolation = Literal["auto", "bwrap", "rlimits", "none"]
-ISOLATIONS = ("auto", "bwrap", "rlimits", "none")
+Isolation = Literal["auto", "bwrap", "rlimits", "rlimits-weak", "none"]
+ISOLATIONS = ("auto", "bwrap", "rlimits", "rlimits-weak", "none")
 REASONS = ("passed", "failed", "timeout", "memory", "output_limit", "crash", "sandbox_error")
 NO_PROGRAM = "no program in the completion"  # the detail of a completion that had nothing to run
 HEAD_BYTES = 4096  # stdout / stderr kept in a result
@@ -26,8 +26,10 @@ class SandboxConfig:
     threads a run may add; ``max_file_mb`` the largest file it may write and the size of each of its two tmpfs
     (``/sandbox``, ``/tmp``); ``max_open_files`` its descriptors; ``max_output_bytes`` the most it may print on
     stdout or on stderr before it is killed. ``isolation``: ``"auto"`` (bubblewrap, else rlimits with a warning),
-    ``"bwrap"`` or ``"rlimits"`` (refuse to start without it), ``"none"`` (unsandboxed: only the wall clock and
-    the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
+    ``"bwrap"`` or ``"rlimits"`` (refuse to start without it; ``"rlimits"`` also refuses on a kernel without
+    Landlock), ``"rlimits-weak"`` (the rlimits mode where the kernel has no Landlock: the host's files are
+    readable and writable by the run's uid; never chosen by ``"auto"``), ``"none"`` (unsandboxed: only the wall
+    clock and the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
     :class:`~scalerl_jax.rewards.code_pool.CodePool`.
     """
 
@@ -82,12 +84,22 @@ class CodeResult:
                 "isolation": self.isolation, "detail": self.detail}
 
 
-def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, rc: int, isolation: str,
-                 cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
+def signal_name(sig: int) -> str:
+    """``SIGSEGV`` for 11; ``signal 40`` for a number without a name (real-time signals, or none at all)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, ended: dict | None,
+                 isolation: str, cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
     """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
     ``"output"`` or ``"memory"``), else the tests process's ``(reason, detail)`` verdict, else a sandbox that never
-    started (``sandbox_error``), else how the process ended (``rc``: the exit status of bubblewrap or the rlimits
-    launcher, ``128 + signal`` for a signal, ``124`` for the launcher's own clock)."""
+    started (``sandbox_error``), else how the interpreter ended as observed outside it (``ended``: see
+    :func:`scalerl_jax.rewards.sandbox._ended`). Only observations make a reason: the launcher's own clock and a CPU
+    time at the limit are a ``timeout``; anything else that ended a started run (an exit status, a signal, however
+    unusual) is a ``crash`` of the program, whatever number the program chose, never a ``sandbox_error``."""
 
     def result(reason: str, detail: str) -> CodeResult:
         return CodeResult(reason == "passed", reason, seconds, detail, isolation, stdout, stderr)
@@ -101,14 +113,20 @@ def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: b
         return result(verdict[0] if verdict[0] in REASONS else "crash", verdict[1])
     if not started:
         return result("sandbox_error", "the sandbox did not start: " + stderr[-600:])
-    sig = rc - 128 if rc > 128 else -rc if rc < 0 else 0
-    if rc == 124 and isolation != "bwrap":
+    ended = ended or {}
+    how, sig, code = ended.get("how", "gone"), int(ended.get("signal", 0)), int(ended.get("code", 0))
+    cpu_limit = math.ceil(cfg.cpu_s)
+    if how == "timeout":
         return result(*limits["timeout"])
-    if sig == signal.SIGXCPU:
-        return result("timeout", f"over the {math.ceil(cfg.cpu_s)} s CPU limit")
-    if sig == signal.SIGXFSZ:
+    # rusage reads a little under the limit when RLIMIT_CPU fires (1.95 s at 2 s): a margin, not the exit status
+    if float(ended.get("cpu", 0.0)) >= cpu_limit - 0.25:
+        return result("timeout", f"over the {cpu_limit} s CPU limit")
+    if how == "signal" and sig == signal.SIGXFSZ:
         return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
-    if sig:
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        return result("crash", f"killed by {name} before the tests finished")
-    return result("crash", f"exited with code {rc} before the tests finished")
+    if how == "signal":
+        return result("crash", f"killed by {signal_name(sig)} before the tests finished")
+    if how == "exit":
+        return result("crash", f"exited with code {code} before the tests finished")
+    if how == "status":  # bubblewrap's: 128 + N for a signal N, and the same for an exit code the program chose
+        return result("crash", f"ended with status {code} before the tests finished")
+    return result("crash", "ended before the tests finished")

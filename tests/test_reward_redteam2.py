@@ -1,0 +1,434 @@
+"""Red team for the code reward beyond :mod:`tests.test_reward_redteam`: what a type-strict ``==`` alone lets
+through. Hostile programs a policy could write, one or more per class, each graded false with the reason it must
+fail with, and the host untouched (the facts of :class:`tests.test_reward_redteam.Host`), under bubblewrap and under
+the rlimits mode (with and without namespaces), as root and as an unprivileged user; and honest programs the earlier
+grader failed, which must pass.
+
+Classes: control flow that leaves a call (an iteration-protocol exception raised in a call the tests make from
+``map`` / ``filter`` / ``zip`` / ``next``); values that defeat comparisons other than ``==`` (NaN against a tolerance,
+``bool`` for ``int`` through ``is``, ``not a != b``, ``in``, ``math.isclose``, ``unittest``, set members, dict keys,
+chained orderings); tests that evaluate what the program returned (``eval`` / ``exec`` / ``compile``); helpers the
+tests take from the task's prompt (redefined, right only at the program's own answers, remembering their inputs);
+exit statuses that imitate a signal, a timeout or an unknown signal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from scalerl_jax.rewards.code_types import SandboxConfig
+from tests.test_reward_redteam import CPU_S, MODES, TIMEOUT_S, USER, Host, _unprivileged_argv
+
+# Reads the tests' verdict pipe number from the tests' own argv: run in the tests' interpreter, it writes "passed".
+_TO_VERDICT = ("__import__('os').write(int(__import__('sys').argv[1]), b'passed\\t\\n') and "
+               "__import__('os')._exit(0)")
+
+# HumanEval 38 style: the prompt's encode() is the task's; decode() is the program's to write.
+_SHIFT_PROMPT = '''
+def encode(s: str) -> str:
+    return "".join(chr((ord(c) - 97 + 7) % 26 + 97) for c in s)
+
+
+def decode(s: str) -> str:
+    """Invert encode()."""
+'''
+_SHIFT_TESTS = '''
+def check(candidate):
+    for s in ("hello", "policy", "unseen", "zebra"):
+        assert candidate(encode(s)) == s
+'''
+# HumanEval 32 style: the prompt's poly() is the task's; find_zero() the program's.
+_POLY_PROMPT = '''
+def poly(xs: list, x: float) -> float:
+    return sum(c * x ** i for i, c in enumerate(xs))
+
+
+def find_zero(xs: list) -> float:
+    """A zero of the polynomial with coefficients xs."""
+'''
+_POLY_TESTS = '''
+def check(candidate):
+    for xs in ([3, 1], [-@SECRET@, 1], [6, 5, 1]):
+        assert abs(poly(xs, candidate(xs))) < 1e-6
+'''
+
+# name -> (program, tests, entry point, prompt, reasons it may end with). Placeholders as in test_reward_redteam.
+CASES: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
+    # -- control flow that leaves a call
+    "stopiteration_ends_tests_zip_map": (
+        "def f(x):\n    raise StopIteration\n",
+        "for got, want in zip(map(f, [1, 2]), [@SECRET@, 2]):\n    assert got == want\n", None, "", ("failed",)),
+    "stopiteration_ends_all_over_map": (
+        "def f(x):\n    raise StopIteration\n",
+        "assert all(map(lambda x: f(x) == @SECRET@, [1, 2]))\n", None, "", ("failed",)),
+    "stopiteration_subclass_ends_filter": (
+        "class Done(StopIteration):\n    pass\ndef f(x):\n    raise Done('done')\n",
+        "assert not list(filter(lambda x: f(x) != @SECRET@, [1, 2, 3]))\n", None, "", ("failed",)),
+    "stopiteration_picks_next_default": (
+        "def f(x):\n    raise StopIteration\n",
+        "assert next(iter(map(f, [1])), @SECRET@) == @SECRET@\n", None, "", ("failed",)),
+    "stopiteration_empties_list_of_map": (
+        "def f(x):\n    raise StopIteration\n",
+        "for r in list(map(f, [1, 2, 3])):\n    assert r == @SECRET@\n", None, "", ("failed",)),
+    # -- values that defeat comparisons other than ==
+    "nan_against_tolerance_assert_not_greater": (
+        "def f():\n    return float('nan')\n", "assert not abs(f() - @SECRET@) > 1e-6\n", None, "", ("failed",)),
+    "nan_against_tolerance_if_raise": (
+        "def f():\n    return float('nan')\n",
+        "if abs(f() - @SECRET@) > 1e-6:\n    raise AssertionError('too far')\n", None, "", ("failed",)),
+    "nan_neither_less_nor_greater": (
+        "def f():\n    return float('nan')\n",
+        "assert not (f() < @SECRET@) and not (f() > @SECRET@)\n", None, "", ("failed",)),
+    "nan_caught_by_the_tests": (
+        "def f():\n    return float('nan')\n",
+        "try:\n    bad = f() > @SECRET@ or f() < @SECRET@\nexcept BaseException:\n    bad = False\nassert not bad\n",
+        None, "", ("failed",)),
+    "bool_for_int_comparison_is_true": (
+        "def f():\n    return True\n", "assert (f() == 1) is True\n", None, "", ("failed",)),
+    "bool_for_int_not_ne": ("def f():\n    return True\n", "assert not f() != 1\n", None, "", ("failed",)),
+    "bool_for_int_in_list": ("def f():\n    return True\n", "assert f() in [1, @SECRET@]\n", None, "", ("failed",)),
+    "bool_for_int_isclose": (
+        "def f():\n    return True\n", "import math\nassert math.isclose(f(), 1)\n", None, "", ("failed",)),
+    "bool_for_int_unittest_assert_equal": (
+        "def f():\n    return True\n", "import unittest\nunittest.TestCase().assertEqual(f(), 1)\n", None, "",
+        ("failed",)),
+    "bool_for_int_unittest_assert_in": (
+        "def f():\n    return False\n", "import unittest\nunittest.TestCase().assertIn(f(), (0, @SECRET@))\n",
+        None, "", ("failed",)),
+    "bool_in_set_member": ("def f():\n    return {True, 2}\n", "assert f() == {1, 2}\n", None, "", ("failed",)),
+    "bool_as_dict_key": ("def f():\n    return {True: 'a'}\n", "assert f() == {1: 'a'}\n", None, "", ("failed",)),
+    "bool_nested_in_frozenset": (
+        "def f():\n    return {(True, 2)}\n", "assert f() == {(1, 2)}\n", None, "", ("failed",)),
+    "bool_in_chained_ordering": (
+        "def f():\n    return True\n", "assert 1 <= f() <= 1\n", None, "", ("failed",)),
+    "bool_in_all_of_comparisons": (
+        "def f(x):\n    return True\n", "assert all(f(x) == 1 for x in range(3))\n", None, "", ("failed",)),
+    # -- tests that evaluate what the program returned
+    "eval_of_returned_text_writes_verdict": (
+        f"def f():\n    return {_TO_VERDICT!r}\n", "assert eval(f()) == 24\n", None, "", ("failed",)),
+    "eval_with_empty_builtins_escape": (
+        "def f():\n    return \"(i := [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == "
+        "'catch_warnings'][0]()._module.__builtins__['__import__']) and i('os').write(int(i('sys').argv[1]), "
+        "b'passed\\t\\n') and i('os')._exit(0)\"\n",
+        "assert eval(f(), {'__builtins__': {}}) == 24\n", None, "", ("failed",)),
+    "exec_of_returned_text": (
+        f"def f():\n    return {('ok = ' + _TO_VERDICT)!r}\n", "ok = 0\nexec(f())\nassert ok == @SECRET@\n", None, "",
+        ("failed",)),
+    "compile_of_returned_text": (
+        f"def f():\n    return {_TO_VERDICT!r}\n", "assert eval(compile(f(), '<answer>', 'eval')) == 24\n", None, "",
+        ("failed",)),
+    # -- helpers the tests take from the task's prompt
+    "helper_redefined_to_identity": (
+        _SHIFT_PROMPT + "def encode(s):\n    return s\ndef decode(s):\n    return s\n", _SHIFT_TESTS, "decode",
+        _SHIFT_PROMPT, ("failed",)),
+    "helper_remembers_its_inputs": (
+        _SHIFT_PROMPT + "SEEN = {}\ndef encode(s):\n    SEEN[s[::-1]] = s\n    return s[::-1]\n"
+        "def decode(s):\n    return SEEN.get(s, '')\n", _SHIFT_TESTS, "decode", _SHIFT_PROMPT, ("failed",)),
+    "helper_right_only_at_the_programs_answer": (
+        _POLY_PROMPT + "def poly(xs, x):\n    return 0.0 if x == 12345.0 else 1.0\n"
+        "def find_zero(xs):\n    return 12345.0\n", _POLY_TESTS, "find_zero", _POLY_PROMPT, ("failed",)),
+    "helper_only_redefined": (
+        _POLY_PROMPT + "def poly(xs, x):\n    return 0\n", _POLY_TESTS, "find_zero", _POLY_PROMPT, ("failed",)),
+    # -- the program picks its own failure reason
+    "exit_status_of_no_signal": ("import os\ndef f():\n    os._exit(168)\n", "assert f() == @SECRET@\n", None, "",
+                                 ("crash",)),
+    "exit_status_124_reads_as_timeout": ("import os\ndef f():\n    os._exit(124)\n", "assert f() == @SECRET@\n", None,
+                                         "", ("crash",)),
+    "exit_status_of_sigxcpu": ("import os\ndef f():\n    os._exit(152)\n", "assert f() == @SECRET@\n", None, "",
+                               ("crash",)),
+    "exit_status_at_import": ("import os\nos._exit(200)\n", "assert f() == @SECRET@\n", None, "", ("crash",)),
+}
+
+# Honest programs the earlier grader failed (or that the changes above must keep passing): every one must pass.
+HONEST: dict[str, tuple[str, str, str | None, str]] = {
+    "counter_for_dict": ("import collections\ndef f(s):\n    return collections.Counter(s)\n",
+                         "assert f('abca') == {'a': 2, 'b': 1, 'c': 1}\n", None, ""),
+    "counter_against_counter": ("from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+                                "from collections import Counter\nassert f('aab') == Counter({'a': 2, 'b': 1})\n",
+                                None, ""),
+    "ordereddict_and_defaultdict": (
+        "import collections\ndef f():\n    d = collections.defaultdict(list)\n    d['x'].append(1)\n"
+        "    return collections.OrderedDict(d)\ndef g():\n    d = collections.defaultdict(int)\n    d[3] += 2\n"
+        "    return d\n", "assert f() == {'x': [1]}\nassert g() == {3: 2}\nassert 3 in g()\n", None, ""),
+    "namedtuple_for_tuple": ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n"
+                             "    return [P(1, 2), P(3, 4)]\n", "assert f() == [(1, 2), (3, 4)]\n", None, ""),
+    "userlist_for_list": ("from collections import UserList\ndef f():\n    return UserList([1, 2])\n",
+                          "assert f() == [1, 2]\n", None, ""),
+    "exception_subclass_caught_as_its_base": (
+        "class Invalid(ValueError):\n    pass\ndef f(x):\n    if x < 0:\n        raise Invalid('negative')\n"
+        "    return x\n",
+        "try:\n    f(-1)\n    assert False\nexcept ValueError as e:\n    assert 'negative' in str(e)\n",
+        None, ""),
+    "exception_subclass_of_keyerror_and_builtin_by_name": (
+        "class Missing(KeyError):\n    pass\ndef f(x):\n    if x:\n        raise Missing(x)\n"
+        "    raise ZeroDivisionError\n",
+        "try:\n    f(1)\nexcept LookupError:\n    pass\nelse:\n    assert False\n"
+        "try:\n    f(0)\nexcept ArithmeticError:\n    pass\nelse:\n    assert False\n", None, ""),
+    "make_24_expression_evaluated": ("def solve():\n    return '(1 + 2 + 3) * 4'\n",
+                                     "assert eval(solve()) == 24\nassert eval(compile(solve(), 'x', 'eval')) == 24\n",
+                                     None, ""),
+    "tests_exec_their_own_code": ("def f():\n    return 2\n", "assert f() == 2\nexec('y = f() * 3')\nassert y == 6\n",
+                                  None, ""),
+    "isclose_and_tolerances": ("def f():\n    return 0.1 + 0.2\n",
+                               "import math\nassert math.isclose(f(), 0.3)\nassert abs(f() - 0.3) < 1e-9\n"
+                               "assert not abs(f() - 0.3) > 1e-9\nassert 0 < f() < 1\n", None, ""),
+    "ints_and_floats_compare_by_value": ("def f():\n    return {1: [2.0, (3, 4)]}\n",
+                                         "assert f() == {1.0: [2, (3, 4)]}\nassert 2 in f()[1]\n", None, ""),
+    "unittest_honest": ("def f():\n    return [3, 1, 2]\n",
+                        "import unittest\nt = unittest.TestCase()\nt.assertEqual(f(), [3, 1, 2])\n"
+                        "t.assertCountEqual(f(), [1, 2, 3])\nt.assertIn(1, f())\nt.assertAlmostEqual(f()[0], 3.0)\n",
+                        None, ""),
+    "helper_from_prompt_used": (_SHIFT_PROMPT + "def decode(s):\n"
+                                "    return ''.join(chr((ord(c) - 97 - 7) % 26 + 97) for c in s)\n",
+                                _SHIFT_TESTS, "decode", _SHIFT_PROMPT),
+}
+
+
+def _poly_root_program() -> str:  # an honest find_zero for _POLY_TESTS (Newton's method on the program's own poly)
+    return _POLY_PROMPT + textwrap.dedent("""
+        def find_zero(xs):
+            x = 0.0
+            for _ in range(200):
+                d = sum(i * c * x ** (i - 1) for i, c in enumerate(xs) if i)
+                x = x - poly(xs, x) / d if d else x + 1.0
+            return x
+        """)
+
+
+HONEST["helper_from_prompt_poly"] = (_poly_root_program(), _POLY_TESTS, "find_zero", _POLY_PROMPT)
+
+
+def run_redteam2(mode: str) -> dict:
+    """Every case and honest program under ``mode`` through one pool; ``{"describe", "cases": {name: [passed,
+    reason, detail, allowed]}, "honest": {name: [passed, reason, detail]}, "unhealthy": str, "host": [...]}``."""
+    import scalerl_jax.rewards.sandbox as sb
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool, SandboxUnhealthy
+
+    host = Host()
+    sb.NAMESPACES = mode != "rlimits-nons"
+    try:
+        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+                            isolation="rlimits" if mode.startswith("rlimits") else mode, workers=4)
+        with CodePool(cfg) as pool:
+            names = list(CASES)
+            jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), ""), host.fill(CASES[n][1], ""), CASES[n][2],
+                            CASES[n][3]) for n in names]
+            results = pool.map(jobs)
+            honest_names = list(HONEST)
+            honest = pool.map([CodeJob(host.fill(p, ""), host.fill(t, ""), e, pr)
+                               for p, t, e, pr in HONEST.values()])
+            describe = pool.sandbox.describe()
+        # a policy that makes every program exit with a status that is no signal must not stop the run
+        unhealthy = ""
+        with CodePool(cfg, max_error_rate=0.05, min_runs=8) as pool:
+            try:
+                crashed = pool.map([CodeJob(f"import os\nos._exit({code})\n", "assert f() == 1\n")
+                                    for code in (168, 169, 200, 124, 152, 137, 255, 129)])
+                unhealthy = "" if all(r.reason == "crash" for r in crashed) else repr(crashed)
+            except SandboxUnhealthy as e:
+                unhealthy = str(e)
+        return {"describe": describe,
+                "cases": {n: [r.passed, r.reason, r.detail[:200], list(CASES[n][4])]
+                          for n, r in zip(names, results, strict=True)},
+                "honest": {n: [r.passed, r.reason, r.detail[:200]] for n, r in zip(honest_names, honest, strict=True)},
+                "unhealthy": unhealthy, "host": host.violations()}
+    finally:
+        sb.NAMESPACES = True
+        host.close()
+
+
+def _check(out: dict, mode: str) -> None:
+    table = "\n".join(f"  {n}: passed={p} reason={r} ({d})" for n, (p, r, d, _) in out["cases"].items())
+    print(f"\n[{mode}] {out['describe']}\n{table}")
+    failed_honest = {n: v for n, v in out["honest"].items() if not v[0]}
+    assert not failed_honest, f"honest programs failed under {mode}: {failed_honest}"
+    bad = {n: (p, r, d) for n, (p, r, d, ok) in out["cases"].items() if p or r not in ok}
+    assert not bad, f"cases graded wrongly under {mode}: {bad}"
+    assert not out["unhealthy"], f"programs' exit statuses counted as sandbox errors under {mode}: {out['unhealthy']}"
+    assert not out["host"], f"the host was touched under {mode}: {out['host']}"
+
+
+def test_at_least_25_techniques_and_every_class(unprivileged_run2):
+    assert len(CASES) >= 25
+    prefixes = ("stop", "nan_", "bool_", "eval_", "exec_", "compile_", "helper_", "exit_status_")
+    assert all(any(n.startswith(p) for n in CASES) for p in prefixes)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_redteam2_as_this_user(mode):
+    from scalerl_jax.rewards.sandbox import Sandbox, SandboxError
+
+    if mode == "bwrap":
+        try:
+            Sandbox(SandboxConfig(isolation="bwrap"))
+        except SandboxError as e:
+            pytest.skip(f"bubblewrap cannot start on this machine: {e}")
+    _check(run_redteam2(mode), mode)
+
+
+@pytest.fixture(scope="module")
+def unprivileged_run2():
+    """The unprivileged run of every mode, started in the background; yields a function returning its results."""
+    code = ("import json\nfrom tests.test_reward_redteam2 import run_redteam2, MODES\nout = {}\n"
+            "for m in MODES:\n    try:\n        out[m] = run_redteam2(m)\n    except Exception as e:\n"
+            "        out[m] = repr(e)\nprint('REDTEAM' + json.dumps(out))\n")
+    argv = _unprivileged_argv(code)
+    if isinstance(argv, str):
+        yield argv
+        return
+    proc = subprocess.Popen(argv, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done: dict = {}
+
+    def result() -> dict:
+        if not done:
+            out, err = proc.communicate(timeout=900)  # hang guard
+            line = next((s for s in out.splitlines() if s.startswith("REDTEAM")), None)
+            assert line is not None, f"the unprivileged run printed no result (rc {proc.returncode}): {err[-3000:]}"
+            done.update(json.loads(line[len("REDTEAM"):]))
+        return done
+
+    yield result
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_redteam2_as_an_unprivileged_user(mode, unprivileged_run2):
+    if isinstance(unprivileged_run2, str):
+        pytest.skip(unprivileged_run2)
+    out = unprivileged_run2()[mode]
+    if isinstance(out, str):
+        if mode == "bwrap" and "bwrap" in out:
+            pytest.skip(f"bubblewrap cannot start as {USER}: {out}")
+        pytest.fail(f"the unprivileged run under {mode} failed: {out}")
+    assert "as the trainer's uid" in out["describe"]
+    _check(out, f"{mode}, as {USER}")
+
+
+# ---- the comparison helpers against hand-worked expectations (no sandbox) ----
+
+def test_strict_comparisons_against_hand_worked_cases():
+    from scalerl_jax.rewards import harness as h
+
+    assert h._strict_eq(1, 1.0) and not h._strict_eq(True, 1) and not h._strict_eq([1], (1,))
+    assert not h._strict_eq({True}, {1}) and h._strict_eq({1}, {1.0}) and not h._strict_eq({(True,)}, {(1,)})
+    assert not h._strict_eq({True: 0}, {1: 0}) and h._strict_eq({1: 0}, {1.0: 0})
+    assert not h._strict_eq(math.nan, math.nan)
+    assert h._strict_in(1, [True, 1]) and not h._strict_in(True, [1]) and not h._strict_in(1, {True: 0})
+    assert h._strict_in("b", "abc") and h._strict_in(2, range(3)) and not h._strict_in(True, range(3))
+    assert h._strict_chain(("Lt", "Lt"), 1, lambda: 2, lambda: 3)
+    calls = []
+    assert not h._strict_chain(("Lt", "Lt"), 3, lambda: calls.append(1) or 2, lambda: calls.append(2) or 9)
+    assert calls == [1]  # a chain stops at its first false link, as Python's does
+    for a, b in ((math.nan, 1.0), (1.0, math.nan), (True, 1), ([1, math.nan], [1, 2])):
+        with pytest.raises(h._Unsound):
+            h._strict_cmp("Gt", a, b)
+    import collections
+
+    assert h._strict_eq(collections.Counter("aab"), {"a": 2, "b": 1})
+    assert h._strict_eq(collections.namedtuple("P", "x")(1), (1,))
+
+
+# ---- resources the limits did not count: each program tries, and its tests check the sandbox refused ----
+
+CONTAINED: dict[str, tuple[str, str]] = {
+    "memory_in_a_memfd": ("import os\ndef f():\n    try:\n        fd = os.memfd_create('hold')\n"
+                          "    except OSError:\n        return 'refused'\n    for _ in range(64):\n"
+                          "        os.write(fd, b'x' * (1 << 20))\n    return 'held'\n", "assert f() == 'refused'\n"),
+    "system_v_shared_memory": ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                               "    shm = libc.shmget(0x5ca1e, 1 << 20, 0o1666)\n"
+                               "    return 'refused' if shm < 0 else 'made'\n", "assert f() == 'refused'\n"),
+    "scratch_over_its_cap": ("import os\ndef f():\n    n = 0\n    try:\n        for i in range(64):\n"
+                             "            with open(f'fill{i}', 'wb') as g:\n"
+                             "                g.write(b'x' * (3 << 20))\n"
+                             "            n += 3 << 20\n    except OSError:\n        pass\n    return n\n",
+                             "assert f() <= 16 << 20\n"),
+}
+
+
+@pytest.mark.parametrize("mode", ("bwrap", "rlimits", "rlimits-nons"))
+def test_resources_outside_the_limits_are_refused(mode):
+    import scalerl_jax.rewards.sandbox as sb
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+
+    sb.NAMESPACES = mode != "rlimits-nons"
+    try:
+        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_file_mb=16,
+                            isolation="rlimits" if mode.startswith("rlimits") else mode, workers=3)
+        try:
+            pool = CodePool(cfg)
+        except sb.SandboxError as e:
+            pytest.skip(f"{mode} cannot start here: {e}")
+        with pool:
+            results = pool.map([CodeJob(p, t) for p, t in CONTAINED.values()])
+    finally:
+        sb.NAMESPACES = True
+    bad = {n: (r.reason, r.detail) for n, r in zip(CONTAINED, results, strict=True) if not r.passed}
+    assert not bad, f"under {mode}: {bad}"
+    with open("/proc/sysvipc/shm") as f:  # no segment of that key on the host, whatever the mode
+        assert not [line for line in f if line.split()[:1] == [str(0x5ca1e)]]
+
+
+def test_rlimits_without_landlock_refuses_unless_named_weak():
+    import scalerl_jax.rewards.sandbox as sb
+
+    sb.LANDLOCK = False
+    try:
+        with pytest.raises(sb.SandboxError, match="Landlock"):
+            sb.Sandbox(SandboxConfig(isolation="rlimits"))
+        weak = sb.Sandbox(SandboxConfig(isolation="rlimits-weak", timeout_s=TIMEOUT_S))
+        assert weak.isolation == "rlimits" and weak.confinement["landlock"] == 0
+        assert weak.run("def f():\n    return 2\n", "assert f() == 2\n").passed
+    finally:
+        sb.LANDLOCK = True
+
+
+# ---- honest programs beside hostile ones in one pool ----
+
+_HOSTILE_NEIGHBOURS = (
+    "def f():\n    while True:\n        pass\n",  # spins to the CPU limit
+    "import os\ndef f():\n    while True:\n        try:\n            os.fork()\n"
+    "        except OSError:\n            pass\n",  # a fork bomb
+    "import os\ndef f():\n    for _ in range(7):\n        if os.fork() == 0:\n            os.setsid()\n"
+    "            while True:\n                pass\n    return 0\n",  # children spinning in their own sessions
+    "import threading\ndef spin():\n    while True:\n        pass\ndef f():\n    for _ in range(6):\n"
+    "        threading.Thread(target=spin, daemon=True).start()\n    spin()\n",
+    "def f():\n    x = []\n    while True:\n        x.append(bytearray(1 << 24))\n",  # memory to its limit
+    "import sys\ndef f():\n    while True:\n        sys.stdout.write('x' * 65536)\n",  # output past the cap
+    "import time\ndef f():\n    time.sleep(3600)\n",  # holds its worker to the wall clock
+    "import os\ndef f():\n    os._exit(168)\n",
+)
+
+
+@pytest.mark.parametrize("mode", ("bwrap", "rlimits"))
+def test_honest_programs_pass_beside_hostile_ones(mode):
+    from scalerl_jax.data.code_tasks import load_humaneval
+    from scalerl_jax.rewards.code_pool import CodeJob, CodePool
+    from scalerl_jax.rewards.sandbox import SandboxError
+
+    tasks = load_humaneval()[:8]
+    cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+                        isolation=mode, workers=8)
+    try:
+        pool = CodePool(cfg)
+    except SandboxError as e:
+        pytest.skip(f"{mode} cannot start here: {e}")
+    honest = [CodeJob(t.reference_program(), t.tests, t.entry_point, t.code_prefix) for t in tasks]
+    hostile = [CodeJob(p, "assert f() == 1\n") for p in _HOSTILE_NEIGHBOURS]
+    # interleaved: both kinds start together
+    jobs = [j for pair in zip(hostile, honest, strict=True) for j in pair]
+    with pool:
+        results = pool.map(jobs)
+    honest_results = results[1::2]
+    late = {t.task_id: (r.reason, round(r.seconds, 2), r.detail[:120])
+            for t, r in zip(tasks, honest_results, strict=True) if not r.passed or r.seconds >= cfg.timeout_s}
+    assert not late, f"honest programs failed beside hostile ones under {mode}: {late}"
+    assert not any(r.passed for r in results[0::2])

@@ -14,6 +14,7 @@ The unprivileged run re-runs :func:`run_redteam` in a subprocess under ``setpriv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -31,7 +32,11 @@ import pytest
 
 from scalerl_jax.rewards.code_types import SandboxConfig
 
-TIMEOUT_S = 6.0  # the sandbox's wall clock and CPU limit; room for a loaded 2-core machine
+# The cases that end on a limit (a busy loop, a fork bomb: "timeout" among their endings) run under a short wall
+# clock and CPU limit; every other case ends by itself within a fraction of a CPU second, and runs under a wall clock
+# far longer than its start-up needs on a loaded machine 4x slower than this one, so that its ending is its own.
+TIMEOUT_S = 6.0
+WALL_S = 120.0
 USER = "scalerl-redteam"
 MODES = ("bwrap", "rlimits", "rlimits-nons")  # rlimits-nons: Landlock and the tree sweep, no namespaces
 
@@ -383,7 +388,7 @@ class Host:
         for path in (f"{self.dir}/escaped_write", f"/tmp/escaped_{self.mark}", f"/dev/shm/escaped_{self.mark}"):
             if os.path.exists(path):
                 out.append(f"{path} was written")
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 30.0  # gone at once when all is well; room for a loaded machine's reaping
         while (left := _named(self.mark)) and time.monotonic() < deadline:
             time.sleep(0.05)
         if left:
@@ -427,18 +432,19 @@ def run_redteam(mode: str) -> dict:
     host = Host()
     sb.NAMESPACES = mode != "rlimits-nons"
     try:
-        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=TIMEOUT_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+        cfg = SandboxConfig(timeout_s=WALL_S, cpu_s=TIMEOUT_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
                             isolation="rlimits" if mode.startswith("rlimits") else mode, workers=4)
+        names = list(CASES)
+        jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), he.tests), host.fill(CASES[n][1], he.tests),
+                        CASES[n][2]) for n in names]
+        on_limit = [i for i, n in enumerate(names) if "timeout" in CASES[n][3]]
+        results: list = [None] * len(names)
+        with CodePool(dataclasses.replace(cfg, timeout_s=TIMEOUT_S)) as pool:
+            for i, r in zip(on_limit, pool.map([jobs[i] for i in on_limit]), strict=True):
+                results[i] = r
         with CodePool(cfg) as pool:
-            names = list(CASES)
-            jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), he.tests), host.fill(CASES[n][1], he.tests),
-                            CASES[n][2]) for n in names]
-            results = pool.map(jobs)
-            # a case that ran out of the wall clock beside the CPU-bound cases (4 workers on a loaded machine) is
-            # graded once more on its own; a pass in either grading still fails the test
-            again = [i for i, r in enumerate(results)
-                     if not r.passed and r.reason == "timeout" and "timeout" not in CASES[names[i]][3]]
-            for i, r in zip(again, pool.map([jobs[i] for i in again]), strict=True):
+            rest = [i for i in range(len(names)) if i not in on_limit]
+            for i, r in zip(rest, pool.map([jobs[i] for i in rest]), strict=True):
                 results[i] = r
             # the honest program passes under the same pool: the failures above are the techniques', not the setup's
             honest = pool.map([CodeJob("def add(a, b):\n    return a + b\n", _ADD_TESTS),
@@ -525,7 +531,7 @@ def unprivileged_run():
 
     def result() -> dict:
         if not done:
-            out, err = proc.communicate(timeout=240)
+            out, err = proc.communicate(timeout=1800)  # a hang guard for the three modes' runs, not a speed limit
             line = next((s for s in out.splitlines() if s.startswith("REDTEAM")), None)
             assert line is not None, f"the unprivileged run printed no result (rc {proc.returncode}): {err[-3000:]}"
             done.update(json.loads(line[len("REDTEAM"):]))

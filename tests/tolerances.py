@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["LAMBDA", "OWN_ERROR_FACTOR", "TRANSCENDENTAL", "attention_rel", "check_train_steps", "entropy_err",
            "gamma", "head_reference", "logit_err", "logsoftmax_err", "max_rel", "model_rel", "model_roundings", "ops",
-           "own_error_tol", "reorder_rel", "sum_rel", "unit_roundoff"]
+           "own_error_tol", "reorder_rel", "rl_loss_scale", "sum_rel", "unit_roundoff"]
 
 #: standard deviations of the probabilistic bounds (see the module docstring)
 LAMBDA = 8.0
@@ -216,19 +216,27 @@ def check_train_steps(cfg, params, batch, ref, other, *, lr: float, temperature:
     gradient's difference, and is resolved to the float32 spacing of the parameter it was added to (each side
     rounds p + update once: at most half a spacing of the larger binade)."""
     import jax
-    import jax.numpy as jnp
-
-    from scalerl_jax.models import forward
 
     (m_r, d_r), (m_o, d_o) = ref, other
-    tokens = np.asarray(batch["tokens"])
-    rel = model_rel(cfg, tokens.shape[1], backward=True)
-    logits = float(np.abs(np.asarray(forward(params, jnp.asarray(tokens), cfg))).max()) / temperature
-    logp_max = 2 * logits + math.log(cfg.vocab_size)
-    scales = (eps_max * float(np.abs(batch["advantages"]).max()) * logp_max, logp_max, m_r[2])
+    rel = model_rel(cfg, np.asarray(batch["tokens"]).shape[1], backward=True)
+    loss_scale, logp_max = rl_loss_scale(cfg, params, batch, temperature, eps_max)
+    scales = (loss_scale, logp_max, m_r[2])
     for name, a, b, scale in zip(("loss", "entropy", "grad_norm"), m_o, m_r, scales, strict=True):
         assert abs(a - b) <= rel * scale, (name, a, b, rel * scale)
     for a, b, p in zip(d_o, d_r, jax.tree.leaves(params), strict=True):
         ulp = float(np.spacing(np.float32(np.abs(p).max() + np.abs(b).max())))
         assert np.abs(a - b).max() <= lr * rel * m_r[2] + 2 * ulp, (np.abs(a - b).max(), lr * rel * m_r[2], ulp)
 
+
+
+def rl_loss_scale(cfg, params, batch, temperature: float = 1.0, eps_max: float = 5.0) -> tuple[float, float]:
+    """(a bound on the sum of the absolute values of the RL loss's weighted token terms, a bound on |log p|) for the
+    model ``cfg`` with ``params`` on ``batch``: a token's CISPO (or clipped) term is at most eps_max |A| |log p|, the
+    weights sum to one, and |log p| <= 2 max|logit| + log V."""
+    import jax.numpy as jnp
+
+    from scalerl_jax.models import forward
+
+    logits = float(np.abs(np.asarray(forward(params, jnp.asarray(batch["tokens"]), cfg))).max()) / temperature
+    logp_max = 2 * logits + math.log(cfg.vocab_size)
+    return eps_max * float(np.abs(np.asarray(batch["advantages"])).max()) * logp_max, logp_max

@@ -33,7 +33,12 @@ JAX_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
     tempfile.gettempdir(), "scalerl_jax_test_server_xla_cache")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 90.0, path: str = "/health"):
+# a hang guard for a server's start-up (JAX's import and its first compiles; ~10 s alone here), generous for a loaded
+# machine 4x slower; not a speed limit
+START_S = 600.0
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = START_S, path: str = "/health"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -79,11 +84,11 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 def kill_once_generating(url: str, kill_fn, start: int, delay_s: float = 0.05):
-    """A thread target: wait (up to 30 s) until the server at ``url`` has taken more than ``start`` /generate
+    """A thread target: wait (up to START_S) until the server at ``url`` has taken more than ``start`` /generate
     requests, then ``delay_s`` more (mid-generation), then ``kill_fn()``."""
 
     def run() -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             try:
                 if httpx.get(url + "/stats", timeout=5, trust_env=False).json()["generate_requests"] > start:

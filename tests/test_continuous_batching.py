@@ -220,9 +220,11 @@ INIT_SEED = 5
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # 150 ms per 4-token chunk: a 40-token request runs for at least 1.5 s, so that a second request (or a pause)
+    # sent once it runs lands while it still runs, with a second of room for a loaded machine's HTTP round trip
     proc, url = start_server(tmp_path_factory.mktemp("cb"), "--preset", "tiny", "--init-seed", str(INIT_SEED),
                              "--max-batch", "8", "--max-len", "64", "--decode-chunk", "4",
-                             "--debug-chunk-delay-ms", "40")
+                             "--debug-chunk-delay-ms", "150")
     try:
         wait_healthy(url, proc)
         yield url
@@ -266,7 +268,7 @@ def test_server_second_request_joins_running_batch(server):
     out2 = httpx.post(server + "/generate", json=_body(p2, 4), timeout=120.0)
     assert t1.is_alive()  # the short one came back while the long one still runs
     t1.join()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a hang guard
     while (after := httpx.get(server + "/stats").json())["busy_periods"] == before["busy_periods"]:
         assert time.monotonic() < deadline  # the busy period ends just after the last answer went out
         time.sleep(0.01)

@@ -17,7 +17,16 @@ from scalerl_jax.models import tiny
 from scalerl_jax.rollout.client import GenerationError, RemoteGenerator, SGLangGenerator, WeightVersionMismatch
 from scalerl_jax.rollout.client.wire import BadResponse, generate_payload, parse_sample
 from scalerl_jax.rollout.protocol import INJECTED_VERSION, GenerationRequest, LengthControl, SamplingParams
-from tests.servers import ReleaseProxy, free_port, kill, reply_json, save_random_checkpoint, start_server, wait_healthy
+from tests.servers import (
+    START_S,
+    ReleaseProxy,
+    free_port,
+    kill,
+    reply_json,
+    save_random_checkpoint,
+    start_server,
+    wait_healthy,
+)
 
 # ---- a tiny fake SGLang server (only for the client's retry/failover logic) -------------------------------
 
@@ -266,8 +275,10 @@ def test_dropped_length_control_falls_back_to_client_interruption(fakes):
 def real(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("client")
     ckpt_b = save_random_checkpoint(tmp / "b", 11)
+    # 150 ms per 4-token chunk: a 40-token request runs for at least 1.5 s, so that a weight update sent a few chunks
+    # in lands mid-generation with a second of room for a loaded machine's HTTP round trips
     proc, url = start_server(tmp, "--preset", "tiny", "--init-seed", "10", "--max-batch", "8", "--decode-chunk", "4",
-                             "--debug-chunk-delay-ms", "60")
+                             "--debug-chunk-delay-ms", "150")
     try:
         wait_healthy(url, proc)
         yield url, ckpt_b
@@ -284,7 +295,7 @@ def test_in_flight_weight_update_sequence(real):
         out: dict = {}
         t = threading.Thread(target=lambda: out.setdefault("r", gen.generate(reqs)))
         t.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_S  # a hang guard
         while httpx.get(url + "/stats").json()["engine_batches"] < 1 or not _in_flight(url):
             assert time.monotonic() < deadline
             time.sleep(0.02)

@@ -252,7 +252,7 @@ def test_live_forecast_survives_a_dead_process(tmp_path):
     lf.proc.kill()
     lf.proc.wait()
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 10 and lf.dead is None:
+    while time.monotonic() - t0 < 120 and lf.dead is None:  # seen at once; a hang guard for a loaded machine
         lf.after_eval()
         lf.poll(wait_s=1)
     lf.close()

@@ -59,8 +59,12 @@ def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
 @pytest.mark.lane
 def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
+    # adam_eps=1: Adam's update -lr m / (sqrt(v) + 1) moves by at most lr times the gradients' difference, where with
+    # the default 1e-8 an entry whose gradient is at the rounding's level can flip sign (2 lr): see the bounds below
+    well_conditioned = ("--set", "train.adam_eps=1.0")
     # with the fit and the report on: the follower leaves only after the leader has written them
-    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2", fit=True))
+    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2", *well_conditioned,
+                         fit=True))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "[dist] process 0 of 2: 2 local and 4 global devices" in r.stdout
     assert "[p1] [dist] process 1: following the leader (4 devices in the mesh)" in r.stdout
@@ -68,17 +72,26 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
     out = r.stdout
     assert out.index("[run] fitting the sigmoid law") < out.index("[p1] [math_8b] process 1 done"), out[-3000:]
     r1 = subprocess.run([sys.executable, "-m", *_args(smoke_run, one, "--steps", "4", "--set",
-                                                       "train.checkpoint_every=2")],
+                                                       "train.checkpoint_every=2", *well_conditioned)],
                         cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)
     assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
 
-    # the same training, step by step: the leader's metrics are the global step's (4 devices either way)
+    # the same training, step by step: the leader's metrics are the global step's (4 devices either way). Two float32
+    # orderings of the same steps (the cross-process sums in another order; tests/tolerances.py): the gradients, and
+    # so the grad norm, within `rel` of their scale; the loss within `rel` of the sum of its terms' absolute values,
+    # estimated from the row: on-policy (ratios 1) a term is A log p, the trained tokens' mean |log p| is their
+    # entropy, and the standardized advantages are within sqrt(B) = 16 of their scale 1 (B = 256 completions)
+    from experiments.presets import build_plan
+    from tests.tolerances import model_rel
+
+    plan = build_plan("smoke").exp
+    rel = model_rel(plan.model, plan.rollout.max_prompt_len + plan.rollout.max_new_tokens, backward=True)
     t2, t1 = _rows(two, "train"), _rows(one, "train")
     assert [r["step"] for r in t2] == [r["step"] for r in t1] == [1, 2, 3, 4]
     for a, b in zip(t2, t1):
         assert a["n_tokens"] == b["n_tokens"] and a["reward_mean"] == b["reward_mean"]  # the same batches
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["loss"] == pytest.approx(b["loss"], rel=rel, abs=rel * 16 * b["entropy"])  # 16: Samuelson's bound
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=rel)
     summary = json.loads((two / "summary.json").read_text())["run"]
     assert summary["trainer_devices"] == 4  # compute accounting counts every process's devices
 
@@ -86,16 +99,19 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
     got = {n: _restore(two, n, tmp_path / f"two_{n}.npz") for n in (4, 2)}
     assert {g[0] for g in got.values()} == {4} and [g[1] for g in got.values()] == [4, 2]
     assert len({g[2] for g in got.values()}) == 1
-    # ... and equal to the one-process run's final parameters within float tolerance (Adam divides by sqrt(v), so
-    # last-bit differences in the gradient sums grow to ~1e-6 after 4 steps at lr 3e-5)
+    # ... and equal to the one-process run's final parameters: each of the 4 updates within lr x rel x the grad norm
+    # (adam_eps=1, above), and each rounded once to the parameter's float32 spacing on each side
     _restore(one, 2, tmp_path / "one_2.npz")
     a, b = np.load(tmp_path / "two_2.npz"), np.load(tmp_path / "one_2.npz")
     assert sorted(a) == sorted(b)
-    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) < 1e-5
+    for k in a:
+        spacing = float(np.spacing(np.float32(np.abs(b[k]).max())))
+        bound = sum(plan.train.lr * rel * r["grad_norm"] + 2 * spacing for r in t1)
+        assert float(np.abs(a[k] - b[k]).max()) <= bound, (k, float(np.abs(a[k] - b[k]).max()), bound)
 
     # resumed in one process (4 devices): the next step follows on from the two-process checkpoint
-    r = subprocess.run([sys.executable, "-m", *_args(smoke_run, two, "--steps", "5", "--resume")], cwd=ROOT,
-                       env=_env(4), capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", *_args(smoke_run, two, "--steps", "5", "--resume", *well_conditioned)],
+                       cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from checkpoint step 4" in r.stdout
     assert [r["step"] for r in _rows(two, "train")] == [1, 2, 3, 4, 5]

@@ -37,8 +37,9 @@ import math
 import numpy as np
 
 __all__ = ["LAMBDA", "OWN_ERROR_FACTOR", "TRANSCENDENTAL", "attention_rel", "check_train_steps", "entropy_err",
-           "gamma", "head_reference", "logit_err", "logsoftmax_err", "max_rel", "model_rel", "model_roundings", "ops",
-           "own_error_tol", "reorder_rel", "rl_loss_scale", "sum_rel", "unit_roundoff"]
+           "gamma", "head_reference", "logit_err", "logsoftmax_err", "max_rel", "model_rel", "model_roundings",
+           "moe_layer_rel", "ops", "own_error_tol", "reorder_rel", "rl_loss_scale", "sum_rel", "train_steps_tol",
+           "unit_roundoff"]
 
 #: standard deviations of the probabilistic bounds (see the module docstring)
 LAMBDA = 8.0
@@ -230,13 +231,54 @@ def check_train_steps(cfg, params, batch, ref, other, *, lr: float, temperature:
 
 
 def rl_loss_scale(cfg, params, batch, temperature: float = 1.0, eps_max: float = 5.0) -> tuple[float, float]:
-    """(a bound on the sum of the absolute values of the RL loss's weighted token terms, a bound on |log p|) for the
-    model ``cfg`` with ``params`` on ``batch``: a token's CISPO (or clipped) term is at most eps_max |A| |log p|, the
-    weights sum to one, and |log p| <= 2 max|logit| + log V."""
+    """(a bound on the sum of the absolute values of the RL loss's weighted token terms, the largest |log p| of a
+    trained token) for the model ``cfg`` with ``params`` on ``batch``, from the model's own log-probs: the
+    aggregation's weights sum to one, so the largest term bounds the sum."""
     import jax.numpy as jnp
 
     from scalerl_jax.models import forward
 
-    logits = float(np.abs(np.asarray(forward(params, jnp.asarray(batch["tokens"]), cfg))).max()) / temperature
-    logp_max = 2 * logits + math.log(cfg.vocab_size)
-    return eps_max * float(np.abs(np.asarray(batch["advantages"])).max()) * logp_max, logp_max
+    logits = np.asarray(forward(params, jnp.asarray(batch["tokens"]), cfg), np.float64)[:, :-1] / temperature
+    z = logits - logits.max(-1, keepdims=True)
+    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    logp = np.take_along_axis(logq, np.asarray(batch["tokens"])[:, 1:, None], -1)[..., 0]
+    used = np.asarray(batch["loss_mask"])[:, 1:] > 0
+    rho = np.exp(np.clip(logp - np.asarray(batch["gen_logp"], np.float64)[:, 1:], -50.0, 50.0))
+    adv = np.abs(np.asarray(batch["advantages"], np.float64))[:, None]
+    # CISPO: min(rho, eps_max) |A| |log p|; DAPO / GRPO / GSPO: a (clipped) ratio times |A|, the clip at most 1.28
+    terms = np.maximum(np.minimum(rho, eps_max) * np.abs(logp), np.maximum(rho, 1.28)) * adv
+    logp_max = float(np.abs(logp[used]).max()) if used.any() else 0.0
+    return float(terms[used].max()) if used.any() else 0.0, logp_max
+
+
+def train_steps_tol(cfg, params, batch, ref_metrics, ref_logits=None, *, lr: float, steps: int = 1,
+                    temperature: float = 1.0) -> dict:
+    """Bounds for ``steps`` train steps of another float32 ordering (a sharded mesh, a kernel) against the reference
+    steps from ``params`` (optimiser as in :func:`check_train_steps`), for the multi-device check scripts:
+    ``forward`` (the logits' largest absolute difference), ``loss`` (absolute, the last step's), ``grad_norm_rel``
+    (the first step's, relative) and ``params`` (the largest absolute difference after the steps: each step's update
+    moves by at most lr x the gradient's difference, which is at most ``model_rel`` x the grad norm, plus the
+    parameter's float32 spacing; the loss of a later step adds what those moved parameters change, to first order
+    as much again)."""
+    import jax
+
+    rel_b = model_rel(cfg, np.asarray(batch["tokens"]).shape[1], backward=True)
+    loss_scale, _ = rl_loss_scale(cfg, params, batch, temperature)
+    spacing = max(float(np.spacing(np.float32(np.abs(np.asarray(p)).max()))) for p in jax.tree.leaves(params))
+    out = {"loss": steps * rel_b * loss_scale, "grad_norm_rel": rel_b,
+           "params": steps * (lr * rel_b * float(ref_metrics["grad_norm"]) + 2 * spacing)}
+    if ref_logits is not None:
+        out["forward"] = model_rel(cfg, np.asarray(batch["tokens"]).shape[1]) * float(np.abs(ref_logits).max())
+    return out
+
+
+def moe_layer_rel(cfg, n_tokens: int, backward: bool = False, dtype="float32") -> float:
+    """How far two float32 orderings of one MoE layer (``cfg``'s router, its top-k experts' and the shared expert's
+    SwiGLU MLPs, their weighted combination) over ``n_tokens`` tokens can differ, relative to the compared tensor's
+    largest entry; ``backward``: the gradients too (the transposed reductions, and the sums over the tokens into the
+    weights' gradients)."""
+    d, e, k = cfg.d_model, cfg.expert_ffn_dim, cfg.top_k
+    n = d + (d + TRANSCENDENTAL) + (k + 1) * (d + TRANSCENDENTAL + e) + k + 1
+    if backward:
+        n = 2 * n + n_tokens
+    return 2.0 * LAMBDA * math.sqrt(n) * unit_roundoff(dtype)

@@ -37,9 +37,9 @@ import math
 import numpy as np
 
 __all__ = ["LAMBDA", "OWN_ERROR_FACTOR", "TRANSCENDENTAL", "attention_rel", "check_train_steps", "entropy_err",
-           "gamma", "head_reference", "logit_err", "logsoftmax_err", "max_rel", "model_rel", "model_roundings",
-           "moe_layer_rel", "ops", "own_error_tol", "reorder_rel", "rl_loss_scale", "sum_rel", "train_steps_tol",
-           "unit_roundoff"]
+           "gamma", "head_reference", "logit_err", "logsoftmax_err", "max_logit", "max_rel", "model_logprob_tol",
+           "model_rel", "model_roundings", "moe_layer_rel", "ops", "own_error_tol", "reorder_rel", "rl_loss_scale",
+           "sum_rel", "train_steps_tol", "unit_roundoff"]
 
 #: standard deviations of the probabilistic bounds (see the module docstring)
 LAMBDA = 8.0
@@ -282,3 +282,38 @@ def moe_layer_rel(cfg, n_tokens: int, backward: bool = False, dtype="float32") -
     if backward:
         n = 2 * n + n_tokens
     return 2.0 * LAMBDA * math.sqrt(n) * unit_roundoff(dtype)
+
+
+def model_logprob_tol(cfg, seq_len: int, logits_max: float) -> float:
+    """How far two float32 orderings of a model's token log-probs (a KV-cached decode and a full forward pass, say)
+    can differ: a log-prob is a logit minus the log-sum-exp of the row, so it moves by at most twice the logits'
+    bound (:func:`model_rel` of the largest logit, ``logits_max``), plus the log-sum-exp's own sum over the vocabulary
+    (in another order) and its exp and log."""
+    return (2.0 * model_rel(cfg, seq_len) * logits_max + reorder_rel(cfg.vocab_size)
+            + 2 * ops(0, transcendental=2))
+
+
+def max_logit(params, cfg, tokens) -> float:
+    """The largest |logit| of the model ``cfg`` with ``params`` over ``tokens`` ([T] or [B, T], padded with token 0
+    to ``cfg.max_seq_len``: one compile per model): the scale of :func:`model_logprob_tol`."""
+    import jax
+    import jax.numpy as jnp
+
+    t = np.asarray(tokens, np.int32).reshape(-1, np.shape(tokens)[-1])
+    if t.shape[1] < cfg.max_seq_len:
+        t = np.pad(t, ((0, 0), (0, cfg.max_seq_len - t.shape[1])))
+    return float(np.abs(np.asarray(_forward_jit()(jax.tree.map(jnp.asarray, params), jnp.asarray(t), cfg))).max())
+
+
+def _forward_jit():
+    global _FORWARD
+    if _FORWARD is None:
+        import jax
+
+        from scalerl_jax.models import forward
+
+        _FORWARD = jax.jit(forward, static_argnums=2)
+    return _FORWARD
+
+
+_FORWARD = None

@@ -18,6 +18,7 @@ import pytest
 from scalerl_jax.aot import _peek_devices
 from scalerl_jax.models.layers import attention
 from scalerl_jax.models.layers import dense_attention as _attend
+from tests.tolerances import attention_rel, max_rel
 
 GB200_HBM_BYTES = 186e9
 
@@ -94,8 +95,9 @@ def test_tiled_attention_matches_dense_with_gradients(B, T, S, H, K, chunk, offs
     def tiled(q, k, v):
         return attention(q, k, v, qpos, kpos, chunk)
 
-    np.testing.assert_allclose(tiled(q, k, v), dense(q, k, v), atol=2e-6)
+    # two float32 orderings of attention over S keys (tests/tolerances.py), relative to each tensor's largest entry
+    assert max_rel(tiled(q, k, v), dense(q, k, v)) <= attention_rel(S, 16)
     g_tiled = jax.grad(lambda *a: (tiled(*a) * w).sum(), (0, 1, 2))(q, k, v)
     g_dense = jax.grad(lambda *a: (dense(*a) * w).sum(), (0, 1, 2))(q, k, v)
     for a, b in zip(g_tiled, g_dense):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        assert max_rel(a, b) <= attention_rel(S, 16, backward=True)

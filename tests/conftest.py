@@ -315,7 +315,10 @@ def whole_runs(request, tmp_path_factory):
     wanted |= {"smoke_run" for item in request.session.items if getattr(item, "needs_smoke", False)}
     runs: dict[str, BackgroundRun] = {}
     if "smoke_run" in wanted and not os.environ.get("SCALERL_SMOKE_RUN"):
-        runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke"], tmp_path_factory.mktemp("smoke"))
+        # the refit process at the run's own priority: at its default niceness (10) it can starve for the whole run
+        # on a machine shared with other jobs, and the tests read its forecast rows
+        runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke", "--set", "forecast.nice=0"],
+                                      tmp_path_factory.mktemp("smoke"))
     if "smoke_moe_run" in wanted:
         runs["smoke_moe"] = BackgroundRun("experiments.scout_moe", ["--preset", "smoke_moe", "--no-fit"],
                                           tmp_path_factory.mktemp("smoke_moe"))

@@ -82,7 +82,9 @@ def test_smoke_run_forecasts_while_it_trains(smoke_run):
         if r["kind"] == "forecast":
             assert 5 <= r["n_evals"] <= seen_evals  # a refit only of evals already written
             forecasts.append(r)
-    assert len(forecasts) >= 3, seen_evals  # eval refits may be skipped for the time budget on a busy machine
+    # the first refit (asked at the 5th eval, answered once the process has started) and the last eval's (asked for
+    # at the end, whatever the time budget); those between may be skipped for the budget on a busy machine
+    assert len(forecasts) >= 2, seen_evals
     for r in forecasts:
         assert 0.0 <= r["A_lo"] <= r["A_mean"] <= r["A_hi"] <= 1.0
         assert r["R_target_lo"] <= r["R_target_mean"] <= r["R_target_hi"]

@@ -123,8 +123,13 @@ def test_warm_start_gives_the_cold_posterior():
                          num_chains=4, init={"A": 0.6, "B": 2.0, "C_mid": 2500.0, "R0": 0.3, "dispersion": 2.0})
     for k in ("A", "B"):
         sc, sw = cold.summary()[k], warm.summary()[k]
-        assert sw["mean"] == pytest.approx(sc["mean"], abs=0.1 * (sc["hi"] - sc["lo"]))
-        assert (sw["hi"] - sw["lo"]) == pytest.approx(sc["hi"] - sc["lo"], rel=0.2)
+        # two samplers of one posterior differ by their Monte Carlo errors (tests/tolerances.py's statistical
+        # note): a mean's is sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS) (sd = width / 3.29);
+        # MC_SIGMAS of the two combined
+        ess = min(cold.ess[k], warm.ess[k])
+        width = sc["hi"] - sc["lo"]
+        assert sw["mean"] == pytest.approx(sc["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
+        assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
 
 
 def baseline_refits(out_dir: str) -> dict:

@@ -206,6 +206,7 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     finally:
         trainer.close()
     evals = [r for r in _rows(tmp_path / "fixed") if r["kind"] == "eval"]
+    print("fixed prompts' pass rate:", [round(r["val_reward"], 3) for r in evals])
     assert evals[-1]["val_reward"] - evals[0]["val_reward"] >= 0.25, [r["val_reward"] for r in evals]
 
 

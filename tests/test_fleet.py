@@ -75,7 +75,7 @@ def fleet(ckpts, tmp_path_factory):
         print(msg)
 
     f = LocalFleet(ckpts[0], 2, log_dir=tmp_path_factory.mktemp("fleet_logs"), max_batch=8, decode_chunk=4,
-                   compile_cache_dir=XLA_CACHE, extra_server_args=SERVER_ARGS, log=log)
+                   compile_cache_dir=XLA_CACHE, extra_server_args=SERVER_ARGS, log=log, startup_timeout_s=START_S)
     f.lines = lines  # type: ignore[attr-defined]
     with f:
         yield f
@@ -214,7 +214,7 @@ PARENT = textwrap.dedent("""
     if {own_handler!r}:
         signal.signal(signal.SIGTERM, own_handler)
     fleet = LocalFleet({ckpt!r}, 1, log_dir={logs!r}, max_batch=4, compile_cache_dir={cache!r},
-                       log=lambda m: print(m, file=sys.stderr, flush=True))
+                       log=lambda m: print(m, file=sys.stderr, flush=True), startup_timeout_s={start_s!r})
     with fleet:
         print(json.dumps(fleet.pids), flush=True)
         while True:
@@ -228,7 +228,7 @@ PARENT = textwrap.dedent("""
 def test_children_die_with_their_parent(sig, own_handler, ckpts, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT.format(root=str(ROOT), ckpt=str(ckpts[0]), logs=str(tmp_path / "logs"),
-                                    cache=XLA_CACHE, own_handler=own_handler))
+                                    cache=XLA_CACHE, own_handler=own_handler, start_s=START_S))
     with open(tmp_path / "parent.err", "w") as err:
         parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True,
                                   start_new_session=True)

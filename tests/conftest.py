@@ -35,6 +35,9 @@ DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); te
 # a hang guard for the smoke runs, not a speed limit: 1,600 s were measured for one on 2 cores shared with 5 other
 # jobs (about 5 minutes alone)
 SMOKE_TIMEOUT_S = 3000
+# a hang guard for one subprocess the tests wait for (the longest: a smoke-preset run or a two-process run, minutes
+# alone), generous for a loaded machine 4x slower than this one; not a speed limit
+HANG_S = 1800
 
 _OWN_CACHE = pytest.StashKey[str]()
 _OWN_WARM = pytest.StashKey[str]()

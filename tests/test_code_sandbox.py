@@ -21,6 +21,7 @@ import pytest
 from scalerl_jax.rewards.code import HEAD_BYTES, SandboxConfig
 from scalerl_jax.rewards.code_pool import CodeJob, CodePool
 from scalerl_jax.rewards.sandbox import Sandbox, SandboxError
+from tests.conftest import HANG_S
 
 # A program's CPU seconds do not depend on how busy the machine is; its wall clock does. The runs below are held to
 # a CPU limit (what ends a busy loop) under a wall clock far longer than any of them needs on a loaded machine 4x
@@ -279,7 +280,7 @@ def test_cli_prints_one_json_object(tmp_path, capsys):
     tests.write_text("assert False\n")
     cmd = [sys.executable, "-m", "scalerl_jax.rewards.code", "--program", str(prog), "--tests", str(tests),
            "--timeout", "5"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, check=False)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)  # exactly one JSON document: the program's fake lines never reach this stdout
     # crash (it exited) or failed (its fake lines reached the tests process as a malformed reply): never passed

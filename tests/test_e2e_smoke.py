@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
-# Validation gain of the 48-step smoke run over its warm start, measured over seeds 0, 1, 2 (see MIN_GAIN_MEASURED);
-# the margin leaves room for seed-to-seed spread and eval noise (96 prompts x 4 samples: sd ~0.025).
+# Validation gain of the 48-step smoke run over its warm start (the best of its last three evals): measured 0.37, 0.41
+# and 0.43 over seeds 0, 1 and 2 (the b <= 9 task, a 2-core machine shared with other jobs). The threshold sits 0.28
+# below the lowest: over 9 times the seeds' spread (sd 0.03) and 11 times one eval's noise (96 prompts x 4 samples:
+# sd ~0.025), room for another machine's XLA to sample other batches.
 MIN_GAIN = 0.08
 
 
-def _run(args, timeout=1500):
+def _run(args, timeout=HANG_S):
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -115,9 +117,9 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path, monk
     machine, while the baseline's ceiling is 0.99. The margin, measured: resumed here (the smoke run's evals 0.33 ->
     0.50 by step 16), the six forecasts after the resume put P(A < A_baseline) at 0.989-0.999 (A's 90 % interval
     about [0.47, 0.95]), against the rule's 0.9; refitted directly on the same curve scaled to plateau at 0.4, 0.5,
-    0.6, 0.7 and 0.8 (eval noise sd 0.025, the same compute axis): 0.995, 0.999, 0.994, 0.979 and 0.974, so the run
-    stops for any step-16 level another machine or seed gives the smoke run (its final evals at step 48 reach
-    0.70 here)."""
+    0.6, 0.7 and 0.8 (eval noise sd 0.025, the same compute axis): 0.995, 0.999, 0.994, 0.979 and 0.974. The smoke
+    run's step-16 level over seeds 0, 1, 2: 0.50, 0.56, 0.52 (its last evals at step 48: 0.70, 0.78, 0.77), well
+    inside that range."""
     from experiments import math_8b
     from scalerl_jax.scaling import live
 
@@ -220,7 +222,7 @@ def test_dry_run_of_the_8b_preset(background):
 
 def test_real_preset_without_accelerators_names_tiny():
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "8b"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=HANG_S)
     assert r.returncode == 2 and "--preset tiny" in r.stderr
 
 
@@ -234,7 +236,7 @@ def test_dry_run_of_the_scout_preset(background):
 
 def test_scout_preset_without_accelerators_names_tiny_moe():
     r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2 and "--preset tiny_moe" in r.stderr
 
 
@@ -316,7 +318,7 @@ def test_fleet_run_killed_then_resumed(smoke_run, tmp_path):
         time.sleep(0.2)
     assert not [c for c in children if _alive(c)], "fleet processes outlived the killed trainer"
     done = [r["step"] for r in _rows(out) if r["kind"] == "train"]
-    r = _run(args[3:] + ["--resume"], timeout=900)
+    r = _run(args[3:] + ["--resume"], timeout=HANG_S)
     resumed_from = int(r.stdout.split("resumed from checkpoint step ")[1].split()[0])
     assert 3 <= resumed_from <= max(done)
     # the new fleet's workers, asked after the first push, report the checkpoint's version

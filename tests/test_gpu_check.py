@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 from tests.tolerances import ops
 
 #: the CPU smoke check, run once in the suite's background lane (tests/conftest.py) for the tests marked with it
@@ -82,5 +82,5 @@ def test_impl_fields_found_by_name():
 def test_shell_entry_point_refuses_without_gpu():
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_INSTALL_JAX": "0"}
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=HANG_S)
     assert r.returncode == 2 and "jax sees no GPU" in r.stderr, (r.stdout, r.stderr)

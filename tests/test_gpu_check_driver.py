@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks import gpu_check
 from benchmarks.gpu_check_driver import SECTION_MIN_S, run_check
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 # what the driver would start as `python -m benchmarks.gpu_check --section ...`, without JAX
 FAKE_SECTIONS = '''
@@ -155,14 +155,14 @@ def test_cpu_smoke_in_the_offline_image_venv(tmp_path):
     venv = ROOT / ".venv-offline"
     if not (venv / ".offline-image-stamp").exists():
         probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "jax"], capture_output=True,
-                               text=True, timeout=120)
+                               text=True, timeout=HANG_S)
         if probe.returncode != 0:
             pytest.skip("the package index is unreachable ('pip index versions jax' failed) and no offline-image "
                         f"venv is cached in {venv}: cannot build it")
     out = tmp_path / "offline.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JAX_PLATFORMS")}
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "offline_image_venv.sh"), "--out", str(out)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=1200)
+                       env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     data = json.loads(out.read_text())
     rows = data["rows"]

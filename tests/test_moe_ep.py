@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +22,7 @@ def test_expert_parallel_matches_dense_dispatch_on_8_devices(background):
 def test_expert_parallel_matches_dense_dispatch_on_every_8_device_mesh():
     """(--heavy) Also each axis beside expert alone."""
     _check(subprocess.run([sys.executable, str(ROOT / "tests" / "_moe_ep_check.py"), "all"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=900), "all")
+                          text=True, cwd=ROOT, timeout=HANG_S), "all")
 
 
 def _check(r: subprocess.CompletedProcess, meshes: str) -> None:

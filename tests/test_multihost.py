@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 
 def _rows(out: Path, kind: str) -> list[dict]:
@@ -42,14 +42,14 @@ def _env(devices: int) -> dict[str, str]:
     return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
 
 
-def _launch(n: int, args: list[str], timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+def _launch(n: int, args: list[str], timeout: int = HANG_S, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", str(n), "--cpu-devices", "2",
                            "--", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
     r = subprocess.run([sys.executable, "tests/_restore_check.py", str(run), str(out)], cwd=ROOT, env=_env(devices),
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     step, n, digest = r.stdout.split()[-3:]
     return int(step), int(n), digest
@@ -73,7 +73,7 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
     assert out.index("[run] fitting the sigmoid law") < out.index("[p1] [math_8b] process 1 done"), out[-3000:]
     r1 = subprocess.run([sys.executable, "-m", *_args(smoke_run, one, "--steps", "4", "--set",
                                                        "train.checkpoint_every=2", *well_conditioned)],
-                        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)
+                        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=HANG_S)
     assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
 
     # the same training, step by step: the leader's metrics are the global step's (4 devices either way). Two float32
@@ -111,7 +111,7 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
 
     # resumed in one process (4 devices): the next step follows on from the two-process checkpoint
     r = subprocess.run([sys.executable, "-m", *_args(smoke_run, two, "--steps", "5", "--resume", *well_conditioned)],
-                       cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from checkpoint step 4" in r.stdout
     assert [r["step"] for r in _rows(two, "train")] == [1, 2, 3, 4, 5]

@@ -15,7 +15,7 @@ from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
 from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason, target_compute
 from scalerl_jax.scaling.live import LiveForecast
 from scalerl_jax.scaling.paper import TABLE1
-from tests.conftest import printed_json
+from tests.conftest import HANG_S, printed_json
 
 N_PROMPTS, K_SAMPLES, PHI, R0_TRUE = 200, 8, 2.0, 0.30
 NUTS = {"num_samples": 300, "num_chains": 2, "num_warmup": 200}
@@ -272,7 +272,7 @@ def test_refit_process_help():
     import subprocess
 
     out = subprocess.run([sys.executable, "-m", "scalerl_jax.scaling.live", "--help"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=HANG_S)
     assert out.returncode == 0 and "refit process" in out.stdout
 
 

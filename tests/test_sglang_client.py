@@ -140,14 +140,29 @@ def _reqs(k: int, n: int = 1, max_new: int = 8) -> list[GenerationRequest]:
 # ---- retries, back-off, failover, exactly once -------------------------------------------------------------
 
 
-def test_retries_with_exponential_backoff_then_succeeds(fakes):
+def test_retries_with_exponential_backoff_then_succeeds(fakes, monkeypatch):
+    import scalerl_jax.rollout.client.sglang as sg
+
+    class Clock:  # the client's own clock, its sleeps recorded: the back-offs asked for, not how long a loaded
+        def __getattr__(self, name):  # machine took to come back from them
+            return getattr(time, name)
+
+        def sleep(self, s):
+            slept.append(s)
+            time.sleep(s)
+
+    slept: list[float] = []
+    monkeypatch.setattr(sg, "time", Clock())
     srv = fakes(fail_first=3)
     with SGLangGenerator(srv.url, max_retries=3, backoff_s=0.1, concurrency=1, timeout_s=10) as gen:
         (comps,) = gen.generate(_reqs(1))
     assert len(srv.calls) == 4 and comps[0].token_ids == [4, 3, 2]
+    assert len(slept) == 3, slept
+    for s, want in zip(slept, (0.1, 0.2, 0.4)):  # doubling back-off, plus at most 10 % jitter
+        assert want <= s <= want * 1.1, slept
+    # and the server saw the attempts at least that far apart (later on a loaded machine, never sooner)
     gaps = [b - a for a, b in zip(srv.times, srv.times[1:])]
-    for gap, want in zip(gaps, (0.1, 0.2, 0.4)):  # doubling back-off (plus at most 10 % jitter)
-        assert want <= gap < want * 1.1 + 0.15, gaps
+    assert all(gap >= s for gap, s in zip(gaps, slept)), (gaps, slept)
 
 
 def test_gives_up_after_max_retries_and_400_is_not_retried(fakes):

@@ -212,22 +212,21 @@ def check_train_steps(cfg, params, batch, ref, other, *, lr: float, temperature:
     first update is -lr g / (|g| + 1) (adam_eps=1, no weight decay).
 
     The gradients (and the grad norm) may differ by :func:`model_rel` of their scale; the loss and the entropy by
-    that of the sums of their terms' absolute values (a token's CISPO term is at most eps_max |A| |log p|, with
-    |log p| <= 2 max|logit| + log V; the entropy is at most log V). An update moves by at most lr times its
-    gradient's difference, and is resolved to the float32 spacing of the parameter it was added to (each side
-    rounds p + update once: at most half a spacing of the larger binade)."""
+    that of the sums of their terms' absolute values (the loss's: :func:`rl_loss_scale`; the entropy's: the entropy
+    itself, at most log V). An update moves by at most lr times its gradient's difference, and is resolved to the
+    float32 spacing of the parameter it was added to (each side rounds p + update once: at most half a spacing of
+    the larger binade)."""
     import jax
 
     (m_r, d_r), (m_o, d_o) = ref, other
     rel = model_rel(cfg, np.asarray(batch["tokens"]).shape[1], backward=True)
-    loss_scale, logp_max = rl_loss_scale(cfg, params, batch, temperature, eps_max)
-    scales = (loss_scale, logp_max, m_r[2])
+    loss_scale, _ = rl_loss_scale(cfg, params, batch, temperature, eps_max)
+    scales = (loss_scale, math.log(cfg.vocab_size), m_r[2])
     for name, a, b, scale in zip(("loss", "entropy", "grad_norm"), m_o, m_r, scales, strict=True):
         assert abs(a - b) <= rel * scale, (name, a, b, rel * scale)
     for a, b, p in zip(d_o, d_r, jax.tree.leaves(params), strict=True):
         ulp = float(np.spacing(np.float32(np.abs(p).max() + np.abs(b).max())))
         assert np.abs(a - b).max() <= lr * rel * m_r[2] + 2 * ulp, (np.abs(a - b).max(), lr * rel * m_r[2], ulp)
-
 
 
 def rl_loss_scale(cfg, params, batch, temperature: float = 1.0, eps_max: float = 5.0) -> tuple[float, float]:

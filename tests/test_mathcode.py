@@ -205,9 +205,12 @@ def test_fit_runs_fits_each_task_and_the_combined_curve(tmp_path):
     assert set(summary["runs"]) == {"mc", "mc_math", "mc_code"}
     assert summary["runs"]["mc_code"]["reward_key"] == "val_reward_code"
     assert summary["pairwise"] == [] and summary["paper_rule"] == []  # a run's task curves are not rivals
-    # the paper's grid fit recovers each curve's own ceiling (noise-free curves, A on the grid's 0.005 steps)
-    assert summary["runs"]["mc_math"]["grid"]["A"] == pytest.approx(0.8, abs=0.011)
-    assert summary["runs"]["mc_code"]["grid"]["A"] == pytest.approx(0.55, abs=0.011)
+    # the paper's grid fit recovers each curve's own ceiling (noise-free curves, A on the grid's 0.005 steps): within
+    # two of its steps (the fitted B and C_mid trade against A by about one)
+    from scalerl_jax.scaling.grid import A_STEP
+
+    assert summary["runs"]["mc_math"]["grid"]["A"] == pytest.approx(0.8, abs=2 * A_STEP + 1e-9)
+    assert summary["runs"]["mc_code"]["grid"]["A"] == pytest.approx(0.55, abs=2 * A_STEP + 1e-9)
     assert (tmp_path / "fit" / "fit_mc_code.png").exists() and (tmp_path / "fit" / "fit_mc_math.png").exists()
 
 

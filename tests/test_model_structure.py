@@ -28,7 +28,7 @@ from scalerl_jax.models import (
 from scalerl_jax.models.layers import dtype
 from scalerl_jax.models.params import Weight
 from scalerl_jax.sharding import ShardingRules
-from tests.numerics import forward_atol
+from tests.tolerances import max_rel, model_rel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,7 +199,8 @@ def test_decode_one_token_at_a_time_equals_the_full_forward(make):
     for t in range(5, T):
         h, cache = step(params, tokens[:, t:t + 1], jnp.full((3, 1), t), cache)
         got.append(np.asarray(lm_logits(params, h, cfg)))
-    np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=0, atol=forward_atol(cfg, np.abs(full).max()))
+    # two float32 orderings of the model (tests/tolerances.py), relative to the largest logit
+    assert max_rel(np.concatenate(got, axis=1), full) <= model_rel(cfg, T)
     # the cache holds each position's keys in its slot: slot t of layer 0 is nonzero exactly for t < T
     filled = np.abs(np.asarray(cache["k"][0])).sum(axis=(1, 3)) > 0  # [B, S]
     assert filled[:, :T].all() and not filled[:, T:].any()

@@ -15,10 +15,12 @@ from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
 from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason, target_compute
 from scalerl_jax.scaling.live import LiveForecast
 from scalerl_jax.scaling.paper import TABLE1
-from tests.conftest import printed_json
+from tests.conftest import HANG_S, printed_json
 
 N_PROMPTS, K_SAMPLES, PHI, R0_TRUE = 200, 8, 2.0, 0.30
 NUTS = {"num_samples": 300, "num_chains": 2, "num_warmup": 200}
+DRAWS = NUTS["num_samples"] * NUTS["num_chains"]  # posterior draws per refit
+MC_SIGMAS = 6  # Monte Carlo tolerances: standard errors (a normal's two tails beyond 6: 2e-9)
 
 
 def _law(c, A, B, C_mid, R0):
@@ -89,10 +91,12 @@ def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
             assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
             w.append(row["A_hi"] - row["A_lo"])
             hits.append(row["A_lo"] <= a <= row["A_hi"])
-            # the measured value's interval holds the mean curve's and widens it by the eval's own noise
-            # (up to the Monte Carlo error of a quantile of a few hundred draws)
-            assert row["R_obs_lo"] <= row["R_target_lo"] + 0.01 and row["R_target_hi"] <= row["R_obs_hi"] + 0.01
-            assert row["R_obs_hi"] - row["R_obs_lo"] >= row["R_target_hi"] - row["R_target_lo"] - 0.01
+            # the measured value's interval holds the mean curve's and widens it by the eval's own noise, up to the
+            # Monte Carlo error of a 5 % / 95 % quantile of the posterior's draws: for a normal of sd = width / 3.29,
+            # sqrt(0.05 x 0.95 / n) / phi(1.645) sd = 0.64 width / sqrt(n), MC_SIGMAS of them
+            mc = MC_SIGMAS * 0.64 * (row["R_target_hi"] - row["R_target_lo"]) / np.sqrt(DRAWS)
+            assert row["R_obs_lo"] <= row["R_target_lo"] + mc and row["R_target_hi"] <= row["R_obs_hi"] + mc
+            assert row["R_obs_hi"] - row["R_obs_lo"] >= row["R_target_hi"] - row["R_target_lo"] - 2 * mc
             if n == 18:  # 3/4 of the run: the target is the last eval's compute (steps and compute are linear)
                 assert row["target_compute"] == pytest.approx(rows[-1]["device_hours"])
                 final_held.append(row["R_obs_lo"] <= rows[-1]["val_reward"] <= row["R_obs_hi"])
@@ -119,8 +123,13 @@ def test_warm_start_gives_the_cold_posterior():
                          num_chains=4, init={"A": 0.6, "B": 2.0, "C_mid": 2500.0, "R0": 0.3, "dispersion": 2.0})
     for k in ("A", "B"):
         sc, sw = cold.summary()[k], warm.summary()[k]
-        assert sw["mean"] == pytest.approx(sc["mean"], abs=0.1 * (sc["hi"] - sc["lo"]))
-        assert (sw["hi"] - sw["lo"]) == pytest.approx(sc["hi"] - sc["lo"], rel=0.2)
+        # two samplers of one posterior differ by their Monte Carlo errors (tests/tolerances.py's statistical
+        # note): a mean's is sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS) (sd = width / 3.29);
+        # MC_SIGMAS of the two combined
+        ess = min(cold.ess[k], warm.ess[k])
+        width = sc["hi"] - sc["lo"]
+        assert sw["mean"] == pytest.approx(sc["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
+        assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
 
 
 def baseline_refits(out_dir: str) -> dict:
@@ -252,7 +261,7 @@ def test_live_forecast_survives_a_dead_process(tmp_path):
     lf.proc.kill()
     lf.proc.wait()
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 10 and lf.dead is None:
+    while time.monotonic() - t0 < 120 and lf.dead is None:  # seen at once; a hang guard for a loaded machine
         lf.after_eval()
         lf.poll(wait_s=1)
     lf.close()
@@ -284,7 +293,7 @@ def test_refit_process_help():
     import subprocess
 
     out = subprocess.run([sys.executable, "-m", "scalerl_jax.scaling.live", "--help"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=HANG_S)
     assert out.returncode == 0 and "refit process" in out.stdout
 
 

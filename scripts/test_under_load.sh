@@ -30,14 +30,15 @@ stop_hogs() {
 }
 
 stop_suite() {  # interrupt the suite's process group as Ctrl-C would (pytest closes its background runs); SIGTERM
-  # after 60 s (a shell started in the background ignores SIGINT, and so do its children), SIGKILL 10 s later
-  [ -n "$SUITE" ] && kill -0 "$SUITE" 2>/dev/null || return 0
+  # to what is left of the group after 60 s (a command started in the background by a script ignores SIGINT, and so
+  # do its children), SIGKILL 10 s later: until no process of the group is left, the suite's own shell or not
+  [ -n "$SUITE" ] && kill -0 -- "-$SUITE" 2>/dev/null || return 0
   local sig end
   for sig in INT:60 TERM:10 KILL:0; do
     kill "-${sig%%:*}" -- "-$SUITE" 2>/dev/null
     end=$((SECONDS + ${sig##*:}))
     while [ "$SECONDS" -lt "$end" ]; do
-      kill -0 "$SUITE" 2>/dev/null || break 2
+      kill -0 -- "-$SUITE" 2>/dev/null || break 2
       sleep 0.2
     done
   done

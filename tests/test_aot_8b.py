@@ -64,6 +64,9 @@ def test_llama3_8b_train_step_fits_gb200_on_16_devices(background):
           f"(temp {rep['temp_bytes'] / 1e9:.1f} GB), compiled in {rep['compile_s']:.0f} s")
     assert peak < 0.9 * GB200_HBM_BYTES
     off = _aot(background["aot_llama3_8b_no_licm"])  # the estimate does not hinge on loop-invariant code motion
+    # two compiles of one program (with and without loop-invariant code motion) hold the same state and saved
+    # activations; LICM moves only temporaries of the scanned layer body, at most one of the 32 layers' share of
+    # the peak (~3 %): 5 % allows that
     assert abs(peak - off["peak_bytes"]) < 0.05 * peak
 
 

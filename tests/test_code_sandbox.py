@@ -436,7 +436,7 @@ def test_a_trainer_killed_mid_run_leaves_no_sandboxed_process():
     finally:
         proc.kill()  # SIGKILL: the trainer cleans up nothing itself
         proc.wait()
-    deadline = time.monotonic() + 30.0
+    deadline = time.monotonic() + SWEEP_S
     while _named_prefix(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _named_prefix(marker), f"left behind (by mode index, {modes}): {_named_prefix(marker)}"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import HANG_S, ROOT
+from tests.tolerances import ops
 
 # Validation gain of the 48-step smoke run over its warm start (the best of its last three evals): measured 0.37, 0.41
 # and 0.43 over seeds 0, 1 and 2 (the b <= 9 task, a 2-core machine shared with other jobs). The threshold sits 0.28
@@ -254,10 +255,13 @@ def test_tiny_moe_rl_improves_validation_reward(smoke_moe_run):
     train = [r for r in rows if r["kind"] == "train"]
     gain = max(r["val_reward"] for r in evals[-3:]) - evals[0]["val_reward"]
     assert gain >= MIN_GAIN, [r["val_reward"] for r in evals]
+    cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
     for r in train:
         loads = [r[f"router_load_e{e}"] for e in range(4)]
-        assert abs(sum(loads) - 1.0) < 1e-4 and r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
-    cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
+        # each a float32 mean over the MoE layers (at most num_hidden_layers) of a count over its layer's total: the
+        # shares sum to 1 exactly, each rounded within gamma_(layers + 2) of itself (tests/tolerances.py)
+        assert abs(sum(loads) - 1.0) <= ops(cfg["num_hidden_layers"] + 2)
+        assert r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
     assert cfg["architectures"] == ["Llama4ForCausalLM"] and cfg["num_local_experts"] == 4
 
 

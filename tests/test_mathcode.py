@@ -31,7 +31,7 @@ def test_mixture_gives_each_batch_its_weight_and_is_deterministic():
     flat = [p.task == "code" for b in batches for p in b]
     for n in (5, 7, 33):
         for start in range(0, len(flat) - n, 11):
-            assert abs(sum(flat[start:start + n]) - 0.25 * n) <= 1
+            assert abs(sum(flat[start:start + n]) - 0.25 * n) <= 1  # counts of whole prompts: within one prompt
     # each task is drawn without replacement within its epoch: its first 30 code prompts are the 30 code problems
     code_ids = [p.prompt_id for b in batches for p in b if p.task == "code"][:30]
     assert sorted(code_ids) == sorted(p.prompt_id for p in probs if p.task == "code")

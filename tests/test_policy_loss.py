@@ -125,7 +125,8 @@ def test_hand_worked_loss(kind, agg):
     assert metrics["seq_ratio_mean"] == pytest.approx((1 + 2 + 4 ** (1 / 3)) / 3, rel=METRIC_REL)
     assert (metrics["n_tokens"], metrics["n_samples"], metrics["n_prompts"]) == (7, 3, 2)
     # Clipped tokens: cispo rho > 5 (2 tokens); dapo/grpo row0 t0, row1 t1, row2 t1; gspo all of row 2.
-    assert metrics["clip_frac"] == pytest.approx({"cispo": 2 / 7, "dapo": 3 / 7, "grpo": 3 / 7, "gspo": 3 / 7}[kind])
+    assert metrics["clip_frac"] == pytest.approx({"cispo": 2 / 7, "dapo": 3 / 7, "grpo": 3 / 7, "gspo": 3 / 7}[kind],
+                                                 rel=ops(1))  # a count over 7
 
 
 def test_hand_worked_metrics_all_masked():

@@ -26,6 +26,7 @@ from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
 from scalerl_jax.data.word_arith import corpus, word_arith_rows, write_jsonl
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.models import init_params, save_hf_checkpoint, tiny
+from tests.tolerances import ops
 
 R = dataclasses.replace
 K = 2  # PipelineRL-k of these runs: small, so that the bound is exercised
@@ -138,7 +139,9 @@ def test_rl_through_two_servers_behind_the_router(base, tmp_path):
     assert all(n == 4 for _, _, ns, _ in seen for n in ns)
     # compute counts the 2 generator devices beside the trainer's
     assert summary["generator_devices"] == 2
-    assert summary["device_seconds"] == pytest.approx(summary["compute_s"] * (summary["trainer_devices"] + 2))
+    # one float64 product of the same numbers on both sides: within gamma_1 of each other's exact value
+    assert summary["device_seconds"] == pytest.approx(summary["compute_s"] * (summary["trainer_devices"] + 2),
+                                                      rel=2 * ops(1, "float64"))
     assert len(list((tmp_path / "run" / "weights").iterdir())) <= plan.exp.rollout.keep_exports
 
 

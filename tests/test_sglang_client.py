@@ -26,7 +26,9 @@ from tests.servers import (
     reply_json,
     save_random_checkpoint,
     start_server,
+    stats,
     wait_healthy,
+    wait_until,
 )
 from tests.tolerances import max_logit, model_logprob_tol
 
@@ -429,7 +431,8 @@ def test_abort_pause_returns_abort_and_client_resends(real):
     body = generate_payload(req.prompt_ids, req.params)
     t = threading.Thread(target=lambda: raw.setdefault("r", httpx.post(url + "/generate", json=body, timeout=60)))
     t.start()
-    time.sleep(0.3)
+    # paused once the request runs (it then runs for >= 1.5 s: 10 chunks of 150 ms), however long it took to arrive
+    wait_until(lambda: stats(url)["running_rows"] >= 1, START_S, lambda: stats(url), 0.01)
     assert httpx.post(url + "/pause_generation", json={"mode": "abort"}).status_code == 200
     t.join()
     assert raw["r"].status_code == 200 and raw["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
@@ -438,9 +441,9 @@ def test_abort_pause_returns_abort_and_client_resends(real):
     with SGLangGenerator(url, timeout_s=60, max_retries=10, backoff_s=0.1) as gen:
         th = threading.Thread(target=lambda: raw.setdefault("c", gen.generate([req])))
         th.start()
-        time.sleep(0.3)
+        wait_until(lambda: stats(url)["running_rows"] >= 1, START_S, lambda: stats(url), 0.01)  # as above
         httpx.post(url + "/pause_generation", json={"mode": "abort"})
-        time.sleep(0.3)  # paused: the re-sent request waits
+        time.sleep(0.3)  # paused: the re-sent request waits (a slower machine only makes it wait longer)
         assert "c" not in raw
         httpx.post(url + "/continue_generation", json={})
         th.join()

@@ -82,19 +82,21 @@ def reorder_rel(n: int, dtype="float32") -> float:
 
 def model_roundings(cfg, seq_len: int, backward: bool = False) -> int:
     """The roundings on the path to one output entry of a forward pass of ``cfg`` (a ModelConfig) over ``seq_len``
-    positions: per layer the attention's input norm, q/k/v projections, scores, softmax, the weighted sum of values,
-    the output projection and residual add, the MLP's norm, gate/up projections, activation, down projection and
-    residual (for an MoE layer the router, the top-k experts' MLPs and their combination besides the shared
-    expert); then the final norm, the LM head and the log-softmax. ``backward``: the gradient's path as well
-    (the transposed reductions of the same sizes, and the sums over the batch positions)."""
+    positions: per layer the attention's input norm, q/k/v projections (and their biases), the per-head q/k norms
+    where the architecture has them (Qwen3), scores, softmax, the weighted sum of values, the output projection and
+    residual add, the MLP's norm, gate/up projections, activation, down projection and residual (for an MoE layer
+    the router, the top-k experts' MLPs, the shared expert's where there is one (Llama 4), and their combination);
+    then the final norm, the LM head and the log-softmax. ``backward``: the gradient's path as well (the transposed
+    reductions of the same sizes, and the sums over the batch positions)."""
     d, hd, t = cfg.d_model, cfg.head_dim, seq_len
-    attn = d + d + hd + (t + TRANSCENDENTAL) + t + cfg.n_heads * hd + 1
+    attn = (d + d + int(cfg.qkv_bias) + 2 * hd * int(cfg.head_qk_norm) + hd + (t + TRANSCENDENTAL) + t
+            + cfg.n_heads * hd + 1)
     dense_mlp = d + d + TRANSCENDENTAL + cfg.ffn_dim + 1
     per_layer = []
     for i in range(cfg.n_layers):
-        if getattr(cfg, "arch", "llama") == "llama4" and cfg.is_moe_layer(i):
-            e = cfg.expert_ffn_dim
-            mlp = d + (d + TRANSCENDENTAL) + (cfg.top_k + 1) * (d + TRANSCENDENTAL + e) + cfg.top_k + 1
+        if cfg.is_moe_layer(i):
+            e, k = cfg.expert_ffn_dim, cfg.top_k + int(cfg.shared_expert)
+            mlp = d + (d + TRANSCENDENTAL) + k * (d + TRANSCENDENTAL + e) + k
         else:
             mlp = dense_mlp
         per_layer.append(attn + mlp)
@@ -272,12 +274,12 @@ def train_steps_tol(cfg, params, batch, ref_metrics, ref_logits=None, *, lr: flo
 
 
 def moe_layer_rel(cfg, n_tokens: int, backward: bool = False, dtype="float32") -> float:
-    """How far two float32 orderings of one MoE layer (``cfg``'s router, its top-k experts' and the shared expert's
-    SwiGLU MLPs, their weighted combination) over ``n_tokens`` tokens can differ, relative to the compared tensor's
-    largest entry; ``backward``: the gradients too (the transposed reductions, and the sums over the tokens into the
-    weights' gradients)."""
-    d, e, k = cfg.d_model, cfg.expert_ffn_dim, cfg.top_k
-    n = d + (d + TRANSCENDENTAL) + (k + 1) * (d + TRANSCENDENTAL + e) + k + 1
+    """How far two float32 orderings of one MoE layer (``cfg``'s router, its top-k experts' and, where there is one
+    (Llama 4), the shared expert's SwiGLU MLPs, their weighted combination) over ``n_tokens`` tokens can differ,
+    relative to the compared tensor's largest entry; ``backward``: the gradients too (the transposed reductions, and
+    the sums over the tokens into the weights' gradients)."""
+    d, e, k = cfg.d_model, cfg.expert_ffn_dim, cfg.top_k + int(cfg.shared_expert)
+    n = d + (d + TRANSCENDENTAL) + k * (d + TRANSCENDENTAL + e) + k
     if backward:
         n = 2 * n + n_tokens
     return 2.0 * LAMBDA * math.sqrt(n) * unit_roundoff(dtype)

@@ -1,6 +1,7 @@
 """Run in a subprocess with 8 simulated CPU devices: sharded forward / train step vs unsharded.
 
-Prints one JSON line: {mesh: {"forward": max_abs_diff, "params": max_abs_diff, "loss": abs_diff}}.
+Prints one JSON line: {mesh: {"forward": max_abs_diff, "params": max_abs_diff, "loss": abs_diff, ...,
+"tol": {the same keys: what float32 reordering can change, tests/tolerances.py}}}.
 """
 
 import os
@@ -22,6 +23,7 @@ from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig  # noqa: E402
 from scalerl_jax.models import forward, init_params, tiny  # noqa: E402
 from scalerl_jax.train import init_train_state, jit_train_step, make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import rl_loss  # noqa: E402
+from tests.tolerances import train_steps_tol  # noqa: E402
 
 assert len(jax.devices()) == 8
 cfg = dataclasses.replace(tiny(), n_heads=4, n_kv_heads=2, vocab_size=24, attn_chunk=16)
@@ -47,6 +49,7 @@ loss_fn = rl_loss(cfg, LossConfig(), logp_chunk=8)
 ref_logits = np.asarray(forward(params, jnp.asarray(tokens), cfg))
 ref_state, ref_m = jax.jit(make_train_step(loss_fn, opt))(init_train_state(params, opt), batch)
 ref_state, ref_m2 = jax.jit(make_train_step(loss_fn, opt))(ref_state, batch)
+tol = train_steps_tol(cfg, params, batch, ref_m, ref_logits, lr=tcfg.lr, steps=2)
 
 out = {}
 for shape in [dict(fsdp=4, tensor=2), dict(fsdp=8, tensor=1), dict(data=2, fsdp=2, tensor=2), dict(fsdp=2, tensor=4)]:
@@ -69,5 +72,6 @@ for shape in [dict(fsdp=4, tensor=2), dict(fsdp=8, tensor=1), dict(data=2, fsdp=
         "grad_norm_rel": abs(float(m["grad_norm"]) - float(ref_m["grad_norm"])) / float(ref_m["grad_norm"]),
         "n_sharded_params": sharded_dims,
         "steps": int(state.step),
+        "tol": tol,
     }
 print(json.dumps(out))

@@ -22,6 +22,7 @@ from scalerl_jax.config import LossConfig, MeshConfig, TrainConfig  # noqa: E402
 from scalerl_jax.models import init_params, tiny  # noqa: E402
 from scalerl_jax.train import init_train_state, jit_train_step, make_optimizer, make_train_step, state_shardings  # noqa: E402
 from scalerl_jax.train.rl import rl_loss  # noqa: E402
+from tests.tolerances import train_steps_tol  # noqa: E402
 
 assert len(jax.devices()) == 4
 
@@ -47,7 +48,8 @@ def pallas_calls(closed) -> dict:
 
 B, T = 8, 24  # T ragged against the attention kernel's 32-long blocks and longer than attn_chunk (flash path)
 rng = np.random.RandomState(0)
-opt = make_optimizer(TrainConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0, adam_eps=1.0))  # see _sharded_check
+LR = 1e-2
+opt = make_optimizer(TrainConfig(lr=LR, warmup_steps=0, weight_decay=0.0, adam_eps=1.0))  # see _sharded_check
 out = {}
 for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv head, heads kept whole per device
     ref_cfg = dataclasses.replace(tiny(), n_heads=4, n_kv_heads=kv_heads, vocab_size=24, attn_chunk=8)
@@ -83,6 +85,8 @@ for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv he
                           for a, p in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(params))),
             # every pallas_call sits inside a shard_map (the kernels see their own rows, not gathered operands)
             "pallas_calls": calls,
+            # what float32 reordering can change (tests/tolerances.py)
+            "tol": train_steps_tol(ref_cfg, params, batch, ref_m, lr=LR, steps=1),
         }
 
 print(json.dumps(out))

@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=2)
     ap.add_argument("--n-train", type=int, default=24)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to every train step (kill tests)")
+    ap.add_argument("--hold-at-step", type=int, default=None,
+                    help="when the train step after step N begins, write RUN_DIR/holding and wait there to be killed "
+                         "(kill tests: a SIGKILL mid-run at a known point, however fast the machine)")
     a = ap.parse_args(argv)
     enable_compile_cache()
     exp = make_exp(mode=a.mode, k=a.k, steps=a.steps, eval_every=4, checkpoint_every=a.checkpoint_every, keep=10)
@@ -139,11 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     trainer, _ = build_trainer(a.run_dir, exp, data=make_data(n_train=a.n_train), resume=a.resume,
                                log=lambda s: print(s, flush=True))
     print(f"[driver] resumed_from {trainer.resumed_from}", flush=True)
-    if a.step_sleep:
+    if a.hold_at_step is not None:
         import time
 
         inner = trainer.core.step_fn
-        trainer.core.step_fn = lambda state, batch: (time.sleep(a.step_sleep), inner(state, batch))[1]
+
+        def step_fn(state, batch):
+            if int(state.step) == a.hold_at_step:
+                (Path(a.run_dir) / "holding").write_text(str(a.hold_at_step))
+                while True:
+                    time.sleep(60)
+            return inner(state, batch)
+
+        trainer.core.step_fn = step_fn
     try:
         summary = trainer.run()
     finally:

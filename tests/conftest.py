@@ -35,6 +35,9 @@ DATA = ROOT / "data"  # math sets carried in the repository (data/README.md); te
 # a hang guard for the smoke runs, not a speed limit: 1,600 s were measured for one on 2 cores shared with 5 other
 # jobs (about 5 minutes alone)
 SMOKE_TIMEOUT_S = 3000
+# a hang guard for one subprocess the tests wait for (the longest: a smoke-preset run or a two-process run, minutes
+# alone), generous for a loaded machine 4x slower than this one; not a speed limit
+HANG_S = 1800
 
 _OWN_CACHE = pytest.StashKey[str]()
 _OWN_WARM = pytest.StashKey[str]()
@@ -316,7 +319,10 @@ def whole_runs(request, tmp_path_factory):
     wanted |= {"smoke_run" for item in request.session.items if getattr(item, "needs_smoke", False)}
     runs: dict[str, BackgroundRun] = {}
     if "smoke_run" in wanted and not os.environ.get("SCALERL_SMOKE_RUN"):
-        runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke"], tmp_path_factory.mktemp("smoke"))
+        # the refit process at the run's own priority: at its default niceness (10) it can starve for the whole run
+        # on a machine shared with other jobs, and the tests read its forecast rows
+        runs["smoke"] = BackgroundRun("experiments.math_8b", ["--preset", "smoke", "--set", "forecast.nice=0"],
+                                      tmp_path_factory.mktemp("smoke"))
     if "smoke_moe_run" in wanted:
         runs["smoke_moe"] = BackgroundRun("experiments.scout_moe", ["--preset", "smoke_moe", "--no-fit"],
                                           tmp_path_factory.mktemp("smoke_moe"))

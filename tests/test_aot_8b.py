@@ -18,7 +18,7 @@ import pytest
 from scalerl_jax.aot import _peek_devices
 from scalerl_jax.models.layers import attention
 from scalerl_jax.models.layers import dense_attention as _attend
-from tests.numerics import reorder_atol
+from tests.tolerances import attention_rel, max_rel
 
 GB200_HBM_BYTES = 186e9
 
@@ -64,6 +64,9 @@ def test_llama3_8b_train_step_fits_gb200_on_16_devices(background):
           f"(temp {rep['temp_bytes'] / 1e9:.1f} GB), compiled in {rep['compile_s']:.0f} s")
     assert peak < 0.9 * GB200_HBM_BYTES
     off = _aot(background["aot_llama3_8b_no_licm"])  # the estimate does not hinge on loop-invariant code motion
+    # two compiles of one program (with and without loop-invariant code motion) hold the same state and saved
+    # activations; LICM moves only temporaries of the scanned layer body, at most one of the 32 layers' share of
+    # the peak (~3 %): 5 % allows that
     assert abs(peak - off["peak_bytes"]) < 0.05 * peak
 
 
@@ -95,11 +98,9 @@ def test_tiled_attention_matches_dense_with_gradients(B, T, S, H, K, chunk, offs
     def tiled(q, k, v):
         return attention(q, k, v, qpos, kpos, chunk)
 
-    # two orderings of float32 work (tests/numerics.py): the scores (16 terms), the softmax's sum and the weighted
-    # sum of values (S terms each, of magnitude up to max |v|); the gradients add a sum over the T queries (dk, dv)
-    out = dense(q, k, v)
-    np.testing.assert_allclose(tiled(q, k, v), out, atol=reorder_atol(S, float(jnp.abs(v).max()), stages=3))
+    # two float32 orderings of attention over S keys (tests/tolerances.py), relative to each tensor's largest entry
+    assert max_rel(tiled(q, k, v), dense(q, k, v)) <= attention_rel(S, 16)
     g_tiled = jax.grad(lambda *a: (tiled(*a) * w).sum(), (0, 1, 2))(q, k, v)
     g_dense = jax.grad(lambda *a: (dense(*a) * w).sum(), (0, 1, 2))(q, k, v)
     for a, b in zip(g_tiled, g_dense):
-        np.testing.assert_allclose(a, b, atol=reorder_atol(max(S, T), float(jnp.abs(b).max()), stages=4))
+        assert max_rel(a, b) <= attention_rel(S, 16, backward=True)

@@ -29,6 +29,7 @@ from scalerl_jax.config import (
 )
 from scalerl_jax.rollout.orchestrator import RolloutBatch
 from scalerl_jax.rollout.protocol import Completion
+from tests.conftest import HANG_S
 
 R = dataclasses.replace
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,7 +224,7 @@ FAST = [*TEMPLATE, "--steps", "2", "--no-fit", "--generators", "2", "--set", "da
         "--set", "loss.filter_zero_variance=false"]
 
 
-def _run_cli(model_dir, data, out, *extra, timeout=240):
+def _run_cli(model_dir, data, out, *extra, timeout=HANG_S):
     return subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "small", "--model", str(model_dir),
                            "--data", str(data), "--out", str(out), *FAST, *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)

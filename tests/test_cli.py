@@ -27,6 +27,7 @@ from scalerl_jax.experiments.presets import PRESETS, build_plan
 
 from scalerl_jax import config, fit, serve
 from scalerl_jax.config import ExperimentConfig
+from tests.conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 MAINS = {"experiments.math_8b": math_8b.main, "experiments.scout_moe": scout_moe.main, "experiments.loo": loo.main,
@@ -357,5 +358,5 @@ def test_documented_command_parses(where, module, argv):
 def test_the_real_command_reports_a_bad_field_and_shows_help():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
     bad = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "tiny", "--train.steps", "many"],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_S, check=False)
     assert bad.returncode == 2 and "--train.steps" in bad.stderr and "INT" in bad.stderr

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from scalerl_jax.compile_cache import cache_dir, enabled
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 _CHILD = """
 import jax, jax.numpy as jnp
@@ -21,7 +21,8 @@ def _child(env_extra: dict, tmp_path):
                                                             "JAX_ENABLE_COMPILATION_CACHE")}
     env.update({"JAX_PLATFORMS": "cpu", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                 "XDG_CACHE_HOME": str(tmp_path), **env_extra})
-    r = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=HANG_S)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip().splitlines()[-1]
 

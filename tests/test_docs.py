@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import HANG_S
 from tests.test_cli import _PLACEHOLDERS, documented_sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +247,7 @@ def test_every_documented_command_of_the_other_entry_points_parses():
     assert {"scalerl_jax.aot", "scalerl_jax.launch", "scalerl_jax.data.prepare", "scalerl_jax.rewards.code"} <= modules
     assert any(m.startswith("benchmarks.") for m in modules)
     r = subprocess.run([sys.executable, "-c", _PARSE_ONLY], input=json.dumps([[m, a] for _, m, a in cmds]),
-                       capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+                       capture_output=True, text=True, cwd=ROOT, timeout=HANG_S, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
     bad = [f"{w}: python -m {m} {' '.join(a)} -> {code}: {err}" for (w, m, a), (code, err) in zip(cmds, results,
@@ -259,7 +260,7 @@ def test_a_bad_documented_command_is_caught():
     r = subprocess.run([sys.executable, "-c", _PARSE_ONLY],
                        input=json.dumps([["scalerl_jax.data.prepare", ["nosuchkind", "in", "out"]],
                                          ["scalerl_jax.data.prepare", ["gsm8k", "in", "out"]]]),
-                       capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+                       capture_output=True, text=True, cwd=ROOT, timeout=HANG_S, check=False)
     (code_bad, err), (code_ok, _) = json.loads(r.stdout.strip().splitlines()[-1])
     assert code_bad == 2 and "nosuchkind" in err and code_ok == 0
 

@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
+from tests.tolerances import ops
 
-# Validation gain of the 48-step smoke run over its warm start, measured over seeds 0, 1, 2 (see MIN_GAIN_MEASURED);
-# the margin leaves room for seed-to-seed spread and eval noise (96 prompts x 4 samples: sd ~0.025).
+# Validation gain of the 48-step smoke run over its warm start (the best of its last three evals): measured 0.37, 0.41
+# and 0.43 over seeds 0, 1 and 2 (the b <= 9 task, a 2-core machine shared with other jobs). The threshold sits 0.28
+# below the lowest: over 9 times the seeds' spread (sd 0.03) and 11 times one eval's noise (96 prompts x 4 samples:
+# sd ~0.025), room for another machine's XLA to sample other batches.
 MIN_GAIN = 0.08
 
 
-def _run(args, timeout=1500):
+def _run(args, timeout=HANG_S):
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -82,7 +85,9 @@ def test_smoke_run_forecasts_while_it_trains(smoke_run):
         if r["kind"] == "forecast":
             assert 5 <= r["n_evals"] <= seen_evals  # a refit only of evals already written
             forecasts.append(r)
-    assert len(forecasts) >= 3, seen_evals  # eval refits may be skipped for the time budget on a busy machine
+    # the first refit (asked at the 5th eval, answered once the process has started) and the last eval's (asked for
+    # at the end, whatever the time budget); those between may be skipped for the budget on a busy machine
+    assert len(forecasts) >= 2, seen_evals
     for r in forecasts:
         assert 0.0 <= r["A_lo"] <= r["A_mean"] <= r["A_hi"] <= 1.0
         assert r["R_target_lo"] <= r["R_target_mean"] <= r["R_target_hi"]
@@ -97,18 +102,29 @@ def test_smoke_run_forecasts_while_it_trains(smoke_run):
     assert (smoke_run / "fit" / "forecast.png").read_bytes()[:4] == b"\x89PNG"
 
 
+REFIT_WAIT_S = 1800  # a hang guard for one refit (start-up and compile included), not a speed limit
+
+
 @pytest.mark.slow
 @pytest.mark.lane
-def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
+def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path, monkeypatch):
     """A copy of the smoke run resumed from its step-16 checkpoint against a hand-made baseline whose ceiling is
-    clearly higher stops once two consecutive forecasts say so, writes why, and still ends with its fit and report.
+    clearly higher (0.99, on the same compute axis) stops once two consecutive forecasts say so, writes why, and
+    still ends with its fit and report.
 
-    What the verdict depends on is set here, not left to the machine: the copy resumes at a learning rate too small
-    to move it (1e-9 against the preset's 5e-5: its curve is flat from step 16 on, so its ceiling is whatever step
-    16 reached, far below the baseline's 0.99; a learning copy reached 0.96 on one machine, too close to call), and
-    its refit process runs at niceness 0 (at the preset's 10 it starves behind other load). Under --stop-if-worse no
-    eval's refit is skipped for the time budget (scalerl_jax/scaling/live.py), so the forecasts come as fast as the
-    refit process makes them."""
+    Time is taken out of it: the refit process answers every eval and the run waits for each answer
+    (``WaitingForecast``), so which forecasts the stop rule sees does not depend on how fast that process keeps up on
+    this machine. And the resumed run learns no further (lr 1e-12): its evals stay at its step-16 level whatever the
+    machine, while the baseline's ceiling is 0.99. The margin, measured: resumed here (the smoke run's evals 0.33 ->
+    0.50 by step 16), the six forecasts after the resume put P(A < A_baseline) at 0.989-0.999 (A's 90 % interval
+    about [0.47, 0.95]), against the rule's 0.9; refitted directly on the same curve scaled to plateau at 0.4, 0.5,
+    0.6, 0.7 and 0.8 (eval noise sd 0.025, the same compute axis): 0.995, 0.999, 0.994, 0.979 and 0.974. The smoke
+    run's step-16 level over seeds 0, 1, 2: 0.50, 0.56, 0.52 (its last evals at step 48: 0.70, 0.78, 0.77), well
+    inside that range."""
+    from scalerl_jax.experiments import math_8b
+
+    from scalerl_jax.scaling import live
+
     evals = [r for r in _rows(smoke_run) if r["kind"] == "eval"]
     base = tmp_path / "baseline"
     base.mkdir()
@@ -123,16 +139,45 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
     for ckpt in (out / "checkpoints").iterdir():
         if ckpt.name.isdigit() and int(ckpt.name) > 16:
             shutil.rmtree(ckpt)
-    # planned far past the smoke run's 48 steps: the refit process's start-up takes minutes on a loaded machine, and
-    # the run must still be training when the forecasts that stop it come back (it stops long before 400)
-    r = _run(["--preset", "smoke", "--out", str(out), "--resume", "--steps", "400", "--baseline", str(base),
-              "--stop-if-worse", "0.9", "--train.lr", "1e-9", "--forecast.nice", "0"])
+
+    class WaitingForecast(live.LiveForecast):
+        """The live forecast, its refit process included, with the waiting moved into the run: every eval's refit
+        is asked for (no time budget) and its row waited for before training goes on."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ready = []
+
+        def after_eval(self, force=False):
+            super().after_eval(force=True)
+            if self.busy:
+                self.ready += super().poll(wait_s=REFIT_WAIT_S)
+                assert not self.busy, f"no forecast within {REFIT_WAIT_S} s: {self.log_path.read_text()[-2000:]}"
+
+        def poll(self, wait_s=0.0):
+            rows, self.ready = self.ready, []
+            return rows
+
+    monkeypatch.setattr(live, "LiveForecast", WaitingForecast)
+    # niceness 0: the run waits for the refit process, which need not yield to anything here. The rule applies from
+    # the 14th eval (step 26: five flat evals after the resume pin the ceiling down)
+    code = math_8b.main(["--preset", "smoke", "--out", str(out), "--resume", "--baseline", str(base),
+                         "--stop-if-worse", "0.9", "--set", "train.lr=1e-12", "--set", "forecast.nice=0",
+                         "--set", "forecast.stop_min_evals=14"])
+    assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     why = summary["run"]["stopped_early"]
-    assert why and "--stop-if-worse 0.9" in why and "P(A < A_baseline)" in why, r.stdout[-2000:]
-    assert summary["run"]["steps"] < 400 and "2 consecutive forecasts agreed" in why
-    forecasts = [r for r in _rows(out) if r["kind"] == "forecast"]
-    assert forecasts and 1 - forecasts[-1]["P_A_gt_baseline"] >= 0.9 and forecasts[-1]["n_evals"] >= 6
+    forecasts = [r for r in _rows(out) if r["kind"] == "forecast" and "P_A_gt_baseline" in r]  # after the resume
+    print("forecasts after the resume (step, evals, A's interval, P(A > A_baseline)):",
+          [(r["step"], r["n_evals"], round(r["A_lo"], 3), round(r["A_hi"], 3), round(r["P_A_gt_baseline"], 4))
+           for r in forecasts])
+    assert why and "--stop-if-worse 0.9" in why and "P(A < A_baseline)" in why
+    assert "2 consecutive forecasts agreed" in why
+    # a forecast at every eval after the resume; the first two with 14 evals or more (steps 26 and 28) stop the run,
+    # at the train step after the second (its row is read after that step)
+    assert [r["step"] for r in forecasts] == [18, 20, 22, 24, 26, 28]
+    assert summary["run"]["steps"] == 29 and "after 15 evals" in why
+    assert all(1 - r["P_A_gt_baseline"] >= 0.9 for r in forecasts[-2:])
     assert "Stopped early" in (out / "report.md").read_text() and summary["fit"] and "runs" in summary["fit"]
 
 
@@ -141,7 +186,9 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path):
 def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
     pass rate on prompts it trains on: by at least 0.25 in 32 on-policy steps at lr 1e-4 on 32 fixed prompts of the
-    preset's own task (from the smoke warm start on the earlier two-digit task: 0.16 -> 0.72)."""
+    preset's own task. Measured from the smoke runs' warm starts of seeds 0, 1, 2 (a 2-core machine shared with other
+    jobs): 0.41 -> 0.88, 0.41 -> 0.90, 0.40 -> 0.88, gains 0.47-0.49; the threshold sits 0.22 below the lowest, 5
+    times the noise of a difference of two evals (32 prompts x 8 samples: sd 0.03 each)."""
     import dataclasses
 
     from scalerl_jax.experiments.presets import build_plan
@@ -166,6 +213,7 @@ def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     finally:
         trainer.close()
     evals = [r for r in _rows(tmp_path / "fixed") if r["kind"] == "eval"]
+    print("fixed prompts' pass rate:", [round(r["val_reward"], 3) for r in evals])
     assert evals[-1]["val_reward"] - evals[0]["val_reward"] >= 0.25, [r["val_reward"] for r in evals]
 
 
@@ -179,7 +227,7 @@ def test_dry_run_of_the_8b_preset(background):
 
 def test_real_preset_without_accelerators_names_tiny():
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "8b"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=HANG_S)
     assert r.returncode == 2 and "--preset tiny" in r.stderr
 
 
@@ -193,7 +241,7 @@ def test_dry_run_of_the_scout_preset(background):
 
 def test_scout_preset_without_accelerators_names_tiny_moe():
     r = subprocess.run([sys.executable, "-m", "experiments.scout_moe", "--preset", "scout"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2 and "--preset tiny_moe" in r.stderr
 
 
@@ -207,10 +255,13 @@ def test_tiny_moe_rl_improves_validation_reward(smoke_moe_run):
     train = [r for r in rows if r["kind"] == "train"]
     gain = max(r["val_reward"] for r in evals[-3:]) - evals[0]["val_reward"]
     assert gain >= MIN_GAIN, [r["val_reward"] for r in evals]
+    cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
     for r in train:
         loads = [r[f"router_load_e{e}"] for e in range(4)]
-        assert abs(sum(loads) - 1.0) < 1e-4 and r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
-    cfg = json.loads((smoke_moe_run / "warmstart" / "config.json").read_text())
+        # each a float32 mean over the MoE layers (at most num_hidden_layers) of a count over its layer's total: the
+        # shares sum to 1 exactly, each rounded within gamma_(layers + 2) of itself (tests/tolerances.py)
+        assert abs(sum(loads) - 1.0) <= ops(cfg["num_hidden_layers"] + 2)
+        assert r["router_load_max"] >= 1.0 and r["router_dropped_frac"] == 0.0
     assert cfg["architectures"] == ["Llama4ForCausalLM"] and cfg["num_local_experts"] == 4
 
 
@@ -275,7 +326,7 @@ def test_fleet_run_killed_then_resumed(smoke_run, tmp_path):
         time.sleep(0.2)
     assert not [c for c in children if _alive(c)], "fleet processes outlived the killed trainer"
     done = [r["step"] for r in _rows(out) if r["kind"] == "train"]
-    r = _run(args[3:] + ["--resume"], timeout=900)
+    r = _run(args[3:] + ["--resume"], timeout=HANG_S)
     resumed_from = int(r.stdout.split("resumed from checkpoint step ")[1].split()[0])
     assert 3 <= resumed_from <= max(done)
     # the new fleet's workers, asked after the first push, report the checkpoint's version

@@ -24,7 +24,10 @@ import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fa
 from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.fleet import FleetError, LocalFleet
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
-from tests.servers import checkpoint_pair, kill_once_generating, prompts, stats, wait_until
+from tests.servers import START_S, checkpoint_pair, kill_once_generating, prompts, stats, wait_until
+
+# hang guards, not speed limits: a process group's end and a monitor's reaction (seconds here)
+GONE_S = 120.0
 
 ROOT = Path(__file__).resolve().parents[1]
 # the suite's shared compilation cache (tests/conftest.py): restarted servers load their executables
@@ -72,7 +75,7 @@ def fleet(ckpts, tmp_path_factory):
         print(msg)
 
     f = LocalFleet(ckpts[0], 2, log_dir=tmp_path_factory.mktemp("fleet_logs"), max_batch=8, decode_chunk=4,
-                   compile_cache_dir=XLA_CACHE, extra_server_args=SERVER_ARGS, log=log)
+                   compile_cache_dir=XLA_CACHE, extra_server_args=SERVER_ARGS, log=log, startup_timeout_s=START_S)
     f.lines = lines  # type: ignore[attr-defined]
     with f:
         yield f
@@ -124,7 +127,7 @@ def test_killed_server_is_restarted_with_current_weights(fleet, ckpts):
         assert comps[0].finish_reason in ("stop", "length") and comps[0].token_ids
 
     # the monitor restarts it on the same port with the newest weights; the router re-admits it
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_S  # a server's start-up: a hang guard
     while True:
         version = None
         try:
@@ -152,7 +155,7 @@ def test_weights_set_during_a_restart_reach_the_restarted_server(fleet, ckpts):
     old_pid = fleet.pids["server 1"]
     os.killpg(old_pid, signal.SIGKILL)
     # respawned with v7; newer weights arrive while it is still loading
-    wait_until(lambda: fleet.pids.get("server 1", old_pid) != old_pid, 30, lambda: fleet.lines[-3:])
+    wait_until(lambda: fleet.pids.get("server 1", old_pid) != old_pid, GONE_S, lambda: fleet.lines[-3:])
     fleet.set_current_weights(ckpts[0], 9)
     url = fleet.worker_urls[1]
 
@@ -162,7 +165,7 @@ def test_weights_set_during_a_restart_reach_the_restarted_server(fleet, ckpts):
         except httpx.HTTPError:
             return None
 
-    wait_until(lambda: version() == "9", 90, lambda: (version(), fleet.lines[-3:]))
+    wait_until(lambda: version() == "9", START_S, lambda: (version(), fleet.lines[-3:]))
     assert any("server 1" in m and "is back" in m and "with weights v9" in m for m in fleet.lines)
 
 
@@ -171,13 +174,13 @@ def test_router_whose_guard_dies_is_replaced_without_an_orphan(fleet):
     router_procs = [pid for pid, _ in _group_members([guard]) if pid != guard]
     assert len(router_procs) == 1
     os.kill(guard, signal.SIGKILL)  # the guard only: its router would be orphaned
-    wait_until(lambda: fleet.pids.get("router", guard) != guard and fleet.router_restarts == 1, 30,
+    wait_until(lambda: fleet.pids.get("router", guard) != guard and fleet.router_restarts == 1, GONE_S,
               lambda: fleet.lines[-3:])
-    _wait_groups_gone([guard], timeout_s=10)  # the old router is gone, so the new one could bind the port
-    wait_until(lambda: len(ws := fleet.router_workers()) == 2 and all(w["is_healthy"] for w in ws), 60,
+    _wait_groups_gone([guard], timeout_s=GONE_S)  # the old router is gone, so the new one could bind the port
+    wait_until(lambda: len(ws := fleet.router_workers()) == 2 and all(w["is_healthy"] for w in ws), START_S,
               lambda: fleet.router_workers())
     r = httpx.post(fleet.url + "/generate", json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}},
-                   timeout=60, trust_env=False)
+                   timeout=START_S, trust_env=False)
     assert r.status_code == 200, r.text
 
 
@@ -211,7 +214,7 @@ PARENT = textwrap.dedent("""
     if {own_handler!r}:
         signal.signal(signal.SIGTERM, own_handler)
     fleet = LocalFleet({ckpt!r}, 1, log_dir={logs!r}, max_batch=4, compile_cache_dir={cache!r},
-                       log=lambda m: print(m, file=sys.stderr, flush=True))
+                       log=lambda m: print(m, file=sys.stderr, flush=True), startup_timeout_s={start_s!r})
     with fleet:
         print(json.dumps(fleet.pids), flush=True)
         while True:
@@ -225,7 +228,7 @@ PARENT = textwrap.dedent("""
 def test_children_die_with_their_parent(sig, own_handler, ckpts, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT.format(root=str(ROOT), ckpt=str(ckpts[0]), logs=str(tmp_path / "logs"),
-                                    cache=XLA_CACHE, own_handler=own_handler))
+                                    cache=XLA_CACHE, own_handler=own_handler, start_s=START_S))
     with open(tmp_path / "parent.err", "w") as err:
         parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True,
                                   start_new_session=True)
@@ -238,12 +241,12 @@ def test_children_die_with_their_parent(sig, own_handler, ckpts, tmp_path):
         members = _group_members(pids.values())
         assert len(members) >= 3, members  # the server, the router's guard and the router itself
         os.kill(parent.pid, sig)
-        rc = parent.wait(timeout=30)
+        rc = parent.wait(timeout=GONE_S)
         # SIGINT / SIGTERM: the fleet is stopped, then the previous handler runs (or the default action)
         assert rc == (7 if own_handler else -sig), rc
         if own_handler:
             assert "own handler: fleet already stopped: True" in (tmp_path / "parent.err").read_text()
-        took = _wait_groups_gone(pids.values(), timeout_s=15.0)
+        took = _wait_groups_gone(pids.values(), timeout_s=GONE_S)
         print(f"{sig.name}: children gone {took:.1f} s after the parent")
     finally:
         if parent.poll() is None:

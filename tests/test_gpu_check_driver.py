@@ -20,7 +20,7 @@ import pytest
 from scalerl_jax.benchmarks import gpu_check
 from scalerl_jax.benchmarks.gpu_check_driver import SECTION_MIN_S, run_check
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 # what the driver would start as `python -m benchmarks.gpu_check --section ...`, without JAX
 FAKE_SECTIONS = '''
@@ -84,7 +84,7 @@ def test_sections_fail_alone_and_the_json_keeps_each_finished_one(fake):
     t0 = time.perf_counter()
     rep = run_check(SIZES, gpu=False, budget_s=300, remat=False, out=out, min_s=FAST, max_s=max_s,
                     section_module="fake_sections", kernel_test_files=files)
-    assert time.perf_counter() - t0 < 60
+    assert time.perf_counter() - t0 < 300  # a hang guard: the sections' limits are a few seconds each
     data = json.loads(out.read_text())
     assert data["rows"] == rep.rows and data["meta"]["finished"] is True
     by = {(r["section"], r["name"]): r for r in data["rows"]}
@@ -99,7 +99,8 @@ def test_sections_fail_alone_and_the_json_keeps_each_finished_one(fake):
     # the hanging section: killed at its 3 s limit, with the process it started
     train = by[("train", "train")]
     assert train["status"] == "error" and "timeout" in train["detail"] and "limit 3 s" in train["detail"]
-    assert 2.5 < data["meta"]["section_wall_s"]["train"] < 20
+    # not before its limit; after it, the kill and the reaping (a hang guard's room for a loaded machine)
+    assert 2.5 < data["meta"]["section_wall_s"]["train"] < 60
     assert _gone(int((d / "grandchild.pid").read_text()))
     # the crashed section keeps its row and adds one error row; the one after it still ran
     assert by[("decode", "m1 tokens/s")]["status"] == "ok" and by[("decode", "m2 tokens/s")]["status"] == "ok"
@@ -118,14 +119,14 @@ def test_sigterm_kills_the_running_section_and_keeps_the_finished_ones(fake):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(d)])}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
+    deadline = time.time() + 600  # a hang guard for the driver's start-up
     while not (d / "train_started").exists():
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
         time.sleep(0.1)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    assert time.perf_counter() - t0 < 10
+    proc.wait(timeout=300)
+    assert time.perf_counter() - t0 < 60  # at once (the running section is killed), with room for a loaded machine
     data = json.loads(out.read_text())
     sections = [r["section"] for r in data["rows"]]
     assert "device" in sections and "decode" not in sections and "impl" not in sections
@@ -154,14 +155,14 @@ def test_cpu_smoke_in_the_offline_image_venv(tmp_path):
     venv = ROOT / ".venv-offline"
     if not (venv / ".offline-image-stamp").exists():
         probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "jax"], capture_output=True,
-                               text=True, timeout=120)
+                               text=True, timeout=HANG_S)
         if probe.returncode != 0:
             pytest.skip("the package index is unreachable ('pip index versions jax' failed) and no offline-image "
                         f"venv is cached in {venv}: cannot build it")
     out = tmp_path / "offline.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JAX_PLATFORMS")}
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "offline_image_venv.sh"), "--out", str(out)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=1200)
+                       env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     data = json.loads(out.read_text())
     rows = data["rows"]

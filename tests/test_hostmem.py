@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalerl_jax import hostmem
+from tests.conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = hostmem.glibc_supports_hugetlb() and hostmem.thp_mode() in ("always", "madvise")
@@ -58,7 +59,7 @@ def _run(args: list[str], tmp_path: Path, **env_over) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hostmem.OPT_OUT)}
     env.update(env_over)
     env["PYTHONPATH"] = os.pathsep.join([str(_probe_package(tmp_path)), str(ROOT)])
-    r = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("PROBE "))
     return json.loads(line[len("PROBE "):])
@@ -117,7 +118,7 @@ def test_the_tunable_cuts_page_faults_of_a_large_temporary():
         env["JAX_PLATFORMS"] = "cpu"
         if tunables:
             env["GLIBC_TUNABLES"] = tunables
-        r = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout=HANG_S)
         assert r.returncode == 0, r.stderr
         return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("FAULTS ")).split(" ", 1)[1])
 
@@ -168,7 +169,7 @@ def test_train_steps_are_bit_identical_with_and_without_huge_pages():
         if tunables:
             env["GLIBC_TUNABLES"] = tunables
         r = subprocess.run([sys.executable, "-c", _STEPS], env=env, cwd=ROOT, capture_output=True, text=True,
-                           timeout=600)
+                           timeout=HANG_S)
         assert r.returncode == 0, r.stderr
         return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("STEPS ")).split(" ", 1)[1])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalerl_jax.launch import LaunchError, child_env, heartbeat_diagnosis, host_gpus, plan_gpus, rank_gpus
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 SMI = """#!/bin/sh
 echo "GPU 0: NVIDIA H200 (UUID: GPU-0a)"
@@ -75,7 +75,7 @@ def test_the_host_gpu_count_comes_from_cuda_visible_devices_or_nvidia_smi(fake_s
 
 def _launch(tmp_path: Path, *own: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scalerl_jax.launch", *own, "--log-dir", str(tmp_path / "logs"),
-                           "--", "tests._print_env"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                           "--", "tests._print_env"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 def _children(out: str) -> dict[int, dict]:
@@ -142,7 +142,7 @@ def test_a_real_launch_says_a_silent_process_that_was_alive_was_busy(tmp_path):
     """Rank 1 of 3 ends as JAX ends a process after the service found 1 and 0 silent, while every process runs."""
     r = subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", "3", "--grace", "2",
                         "--log-dir", str(tmp_path), "--", "tests._heartbeat_child", "1"], cwd=ROOT, env=_base(),
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 134, (r.returncode, r.stderr)  # 128 + SIGABRT, as the process ended
     assert "process 1 was killed by SIGABRT; stopping the other processes" in r.stderr
     assert "declared process(es) 0, 1 dead (stopped sending heartbeats), but the launcher saw every process of the " \

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 from scalerl_jax.models import forward, forward_cached, init_cache, lm_logits, load_hf_checkpoint, save_hf_checkpoint
 from scalerl_jax.models.llama4 import period
 from tests.hf_models import make_hf_llama4, torch_logits
+from tests.tolerances import gamma, max_rel, model_rel
 
 
 def _ours(params, tokens, cfg, **kw):
@@ -35,11 +36,11 @@ def test_logits_match_transformers(tmp_path, kw):
     assert cfg.nope_every == kw.get("nope_interval", 2) and cfg.top_k == kw.get("top_k", 1)
     tokens = np.random.RandomState(1).randint(0, 97, (2, 19))  # spans several attention chunks
     ref = torch_logits(model, tokens)
-    # the dense softmax path, the flash (tiled) path, and both MoE dispatches all match HF
-    np.testing.assert_allclose(_ours(params, tokens, cfg), ref, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(_ours(params, tokens, cfg, attn_chunk=4), ref, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(_ours(params, tokens, cfg, moe_impl="dense"), ref, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(_ours(params, tokens, cfg, remat=True), ref, atol=1e-4, rtol=0)
+    # the dense softmax path, the flash (tiled) path, and both MoE dispatches all match HF: two float32 orderings of
+    # one forward pass each (tests/tolerances.py), relative to the largest logit
+    tol = model_rel(cfg, tokens.shape[1])
+    for kw in ({}, {"attn_chunk": 4}, {"moe_impl": "dense"}, {"remat": True}):
+        assert max_rel(_ours(params, tokens, cfg, **kw), ref) <= tol, kw
 
 
 def test_router_actually_routes_to_several_experts(tmp_path):
@@ -52,7 +53,8 @@ def test_router_actually_routes_to_several_experts(tmp_path):
     _, stats = forward_hidden(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens), cfg, return_aux=True)
     load = np.asarray(stats["load"])
     assert load.shape == (cfg.n_moe_layers, cfg.n_experts)
-    np.testing.assert_allclose(load.sum(-1), 1.0, atol=1e-6)
+    # fractions of the tokens, each rounded in float32, summed over the experts
+    np.testing.assert_allclose(load.sum(-1), 1.0, rtol=0, atol=gamma(2 * cfg.n_experts))
     assert (load > 0).sum(-1).min() >= 3
     np.testing.assert_array_equal(np.asarray(stats["kept"]), 1.0)
 
@@ -69,7 +71,7 @@ def test_kv_cached_decode_matches_full_forward(tmp_path):
     for t in range(6, 14):
         h, cache = forward_cached(p, jnp.asarray(tokens[:, t : t + 1]), jnp.full((2, 1), t), cache, cfg)
         outs.append(np.asarray(lm_logits(p, h, cfg)))
-    np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=2e-5, rtol=0)
+    assert max_rel(np.concatenate(outs, 1), full) <= model_rel(cfg, tokens.shape[1])  # two float32 orderings
 
 
 def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
@@ -88,7 +90,7 @@ def test_save_load_round_trip_is_bitwise_and_transformers_loads_it(tmp_path):
         assert np.array_equal(src[name], out[name]), name
     model = Llama4ForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
     tokens = np.random.RandomState(3).randint(0, 97, (1, 11))
-    np.testing.assert_allclose(torch_logits(model, tokens), _ours(params, tokens, cfg), atol=1e-4, rtol=0)
+    assert max_rel(torch_logits(model, tokens), _ours(params, tokens, cfg)) <= model_rel(cfg, tokens.shape[1])
 
 
 def test_layer_period():

@@ -31,7 +31,7 @@ def test_mixture_gives_each_batch_its_weight_and_is_deterministic():
     flat = [p.task == "code" for b in batches for p in b]
     for n in (5, 7, 33):
         for start in range(0, len(flat) - n, 11):
-            assert abs(sum(flat[start:start + n]) - 0.25 * n) <= 1
+            assert abs(sum(flat[start:start + n]) - 0.25 * n) <= 1  # counts of whole prompts: within one prompt
     # each task is drawn without replacement within its epoch: its first 30 code prompts are the 30 code problems
     code_ids = [p.prompt_id for b in batches for p in b if p.task == "code"][:30]
     assert sorted(code_ids) == sorted(p.prompt_id for p in probs if p.task == "code")
@@ -205,9 +205,12 @@ def test_fit_runs_fits_each_task_and_the_combined_curve(tmp_path):
     assert set(summary["runs"]) == {"mc", "mc_math", "mc_code"}
     assert summary["runs"]["mc_code"]["reward_key"] == "val_reward_code"
     assert summary["pairwise"] == [] and summary["paper_rule"] == []  # a run's task curves are not rivals
-    # the paper's grid fit recovers each curve's own ceiling (noise-free curves, A on the grid's 0.005 steps)
-    assert summary["runs"]["mc_math"]["grid"]["A"] == pytest.approx(0.8, abs=0.011)
-    assert summary["runs"]["mc_code"]["grid"]["A"] == pytest.approx(0.55, abs=0.011)
+    # the paper's grid fit recovers each curve's own ceiling (noise-free curves, A on the grid's 0.005 steps): within
+    # two of its steps (the fitted B and C_mid trade against A by about one)
+    from scalerl_jax.scaling.grid import A_STEP
+
+    assert summary["runs"]["mc_math"]["grid"]["A"] == pytest.approx(0.8, abs=2 * A_STEP + 1e-9)
+    assert summary["runs"]["mc_code"]["grid"]["A"] == pytest.approx(0.55, abs=2 * A_STEP + 1e-9)
     assert (tmp_path / "fit" / "fit_mc_code.png").exists() and (tmp_path / "fit" / "fit_mc_math.png").exists()
 
 

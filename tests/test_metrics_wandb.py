@@ -10,6 +10,7 @@ import pytest
 
 from scalerl_jax.metrics import MetricsWriter, read_metrics, wandb_credentials
 from scalerl_jax.scaling.sources import read_wandb_run
+from tests.conftest import HANG_S
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def test_without_a_project_wandb_is_never_imported(tmp_path):
     code = ("import sys; from scalerl_jax.metrics import MetricsWriter\n"
             f"w = MetricsWriter({str(tmp_path / 'run')!r}); w.write({{'kind': 'train', 'step': 1, 'loss': 1.0}})\n"
             "w.close(); assert 'wandb' not in sys.modules, 'wandb was imported'")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
 
 

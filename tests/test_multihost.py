@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 
 def _rows(out: Path, kind: str) -> list[dict]:
@@ -42,14 +42,14 @@ def _env(devices: int) -> dict[str, str]:
     return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
 
 
-def _launch(n: int, args: list[str], timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+def _launch(n: int, args: list[str], timeout: int = HANG_S, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", str(n), "--cpu-devices", "2",
                            "--", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
     r = subprocess.run([sys.executable, "tests/_restore_check.py", str(run), str(out)], cwd=ROOT, env=_env(devices),
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     step, n, digest = r.stdout.split()[-3:]
     return int(step), int(n), digest
@@ -59,8 +59,12 @@ def _restore(run: Path, devices: int, out: Path) -> tuple[int, int, str]:
 @pytest.mark.lane
 def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
+    # adam_eps=1: Adam's update -lr m / (sqrt(v) + 1) moves by at most lr times the gradients' difference, where with
+    # the default 1e-8 an entry whose gradient is at the rounding's level can flip sign (2 lr): see the bounds below
+    well_conditioned = ("--set", "train.adam_eps=1.0")
     # with the fit and the report on: the follower leaves only after the leader has written them
-    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2", fit=True))
+    r = _launch(2, _args(smoke_run, two, "--steps", "4", "--set", "train.checkpoint_every=2", *well_conditioned,
+                         fit=True))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "[dist] process 0 of 2: 2 local and 4 global devices" in r.stdout
     assert "[p1] [dist] process 1: following the leader (4 devices in the mesh)" in r.stdout
@@ -68,17 +72,27 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
     out = r.stdout
     assert out.index("[run] fitting the sigmoid law") < out.index("[p1] [math_8b] process 1 done"), out[-3000:]
     r1 = subprocess.run([sys.executable, "-m", *_args(smoke_run, one, "--steps", "4", "--set",
-                                                       "train.checkpoint_every=2")],
-                        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=600)
+                                                       "train.checkpoint_every=2", *well_conditioned)],
+                        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=HANG_S)
     assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
 
-    # the same training, step by step: the leader's metrics are the global step's (4 devices either way)
+    # the same training, step by step: the leader's metrics are the global step's (4 devices either way). Two float32
+    # orderings of the same steps (the cross-process sums in another order; tests/tolerances.py): the gradients, and
+    # so the grad norm, within `rel` of their scale; the loss within `rel` of the sum of its terms' absolute values,
+    # estimated from the row: on-policy (ratios 1) a term is A log p, the trained tokens' mean |log p| is their
+    # entropy, and the standardized advantages are within sqrt(B) = 16 of their scale 1 (B = 256 completions)
+    from scalerl_jax.experiments.presets import build_plan
+
+    from tests.tolerances import model_rel
+
+    plan = build_plan("smoke").exp
+    rel = model_rel(plan.model, plan.rollout.max_prompt_len + plan.rollout.max_new_tokens, backward=True)
     t2, t1 = _rows(two, "train"), _rows(one, "train")
     assert [r["step"] for r in t2] == [r["step"] for r in t1] == [1, 2, 3, 4]
     for a, b in zip(t2, t1):
         assert a["n_tokens"] == b["n_tokens"] and a["reward_mean"] == b["reward_mean"]  # the same batches
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["loss"] == pytest.approx(b["loss"], rel=rel, abs=rel * 16 * b["entropy"])  # 16: Samuelson's bound
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=rel)
     summary = json.loads((two / "summary.json").read_text())["run"]
     assert summary["trainer_devices"] == 4  # compute accounting counts every process's devices
 
@@ -86,16 +100,19 @@ def test_two_processes_equal_one_process_and_the_checkpoint_reshards(smoke_run, 
     got = {n: _restore(two, n, tmp_path / f"two_{n}.npz") for n in (4, 2)}
     assert {g[0] for g in got.values()} == {4} and [g[1] for g in got.values()] == [4, 2]
     assert len({g[2] for g in got.values()}) == 1
-    # ... and equal to the one-process run's final parameters within float tolerance (Adam divides by sqrt(v), so
-    # last-bit differences in the gradient sums grow to ~1e-6 after 4 steps at lr 3e-5)
+    # ... and equal to the one-process run's final parameters: each of the 4 updates within lr x rel x the grad norm
+    # (adam_eps=1, above), and each rounded once to the parameter's float32 spacing on each side
     _restore(one, 2, tmp_path / "one_2.npz")
     a, b = np.load(tmp_path / "two_2.npz"), np.load(tmp_path / "one_2.npz")
     assert sorted(a) == sorted(b)
-    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) < 1e-5
+    for k in a:
+        spacing = float(np.spacing(np.float32(np.abs(b[k]).max())))
+        bound = sum(plan.train.lr * rel * r["grad_norm"] + 2 * spacing for r in t1)
+        assert float(np.abs(a[k] - b[k]).max()) <= bound, (k, float(np.abs(a[k] - b[k]).max()), bound)
 
     # resumed in one process (4 devices): the next step follows on from the two-process checkpoint
-    r = subprocess.run([sys.executable, "-m", *_args(smoke_run, two, "--steps", "5", "--resume")], cwd=ROOT,
-                       env=_env(4), capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", *_args(smoke_run, two, "--steps", "5", "--resume", *well_conditioned)],
+                       cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from checkpoint step 4" in r.stdout
     assert [r["step"] for r in _rows(two, "train")] == [1, 2, 3, 4, 5]
@@ -106,7 +123,7 @@ def test_the_launcher_stops_the_others_when_one_dies(tmp_path):
                            "--log-dir", str(tmp_path), "--", "tests._sleeper"], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a hang guard for three processes' start-up
         while time.monotonic() < deadline and not all(
                 (tmp_path / f"process_{r}.log").exists() and "ready" in (tmp_path / f"process_{r}.log").read_text()
                 for r in range(3)):
@@ -115,12 +132,14 @@ def test_the_launcher_stops_the_others_when_one_dies(tmp_path):
         assert all(ranks.values()), ranks
         os.kill(ranks[1], signal.SIGKILL)
         t0 = time.monotonic()
-        out, err = lp.communicate(timeout=30)
+        out, err = lp.communicate(timeout=300)
         took = time.monotonic() - t0
     finally:
         if lp.poll() is None:
             lp.kill()
-    assert lp.returncode != 0 and took < 10, (lp.returncode, took)
+    # at once: the launcher's next poll, then SIGTERM to the others and at most --grace 5 s before SIGKILL (a hang
+    # guard past that, for a loaded machine)
+    assert lp.returncode != 0 and took < 60, (lp.returncode, took)
     assert "process 1 was killed by SIGKILL; stopping the other processes" in err
     assert "[p2] ready: process 2 of 3" in out and "ready: process 0 of 3" in out
     assert not [p for r, p in ranks.items() if Path(f"/proc/{p}").exists() and

@@ -13,6 +13,19 @@ from hypothesis import strategies as st
 
 from scalerl_jax.config import LossConfig
 from scalerl_jax.losses import policy_loss
+from tests.tolerances import ops, sum_rel
+
+# Tolerances (tests/tolerances.py): float32 against float64 values worked by hand or by the NumPy reference.
+# A token's term: the log-ratio logp - gen (rounded, and carrying the inputs' own rounding to float32, u (|logp| +
+# |gen|) <= 12 u for the hand values: the NumPy reference is given the float32-rounded inputs instead), its exp (whose
+# relative error is the log-ratio's absolute one, <= |log rho| u with |log rho| <= 4 here, plus the approximation's),
+# a clip and two products; GSPO's sequence mean adds T - 1 = 5 sums and a division; the aggregation two divisions by
+# counts: 12 + 12 + 4 + 5 + 1 + 2 roundings and one exp at most.
+TERM_REL = ops(36, transcendental=1)
+# the loss sums at most B x T = 48 weighted terms: relative to the sum of their absolute values
+LOSS_REL = TERM_REL + sum_rel(48)
+# a metric is a mean (or max / min / fraction) over the 7 ratios: TERM_REL and a sum of 7
+METRIC_REL = TERM_REL + sum_rel(7)
 
 KINDS = ("cispo", "gspo", "dapo", "grpo")
 AGGS = ("prompt", "sample", "token")
@@ -93,22 +106,27 @@ HAND_GRAD = {
 @pytest.mark.parametrize("kind,agg", sorted(HAND_LOSS))
 def test_hand_worked_loss(kind, agg):
     loss, metrics, grad = run(HAND_LOGP, HAND_GEN, HAND_ADV, HAND_MASK, HAND_GID, _cfg(kind, agg))
-    assert loss == pytest.approx(HAND_LOSS[kind, agg], rel=1e-5, abs=1e-6)
-    if (kind, agg) in HAND_GRAD:
-        np.testing.assert_allclose(grad, HAND_GRAD[kind, agg], rtol=1e-5, atol=1e-7)
+    scale = np_policy_loss(HAND_LOGP, HAND_GEN, HAND_ADV, HAND_MASK, HAND_GID, kind, agg, *EPS[kind], 5.0)[2]
+    assert loss == pytest.approx(HAND_LOSS[kind, agg], rel=0, abs=LOSS_REL * scale)
+    if (kind, agg) in HAND_GRAD:  # each entry one term: no sum
+        np.testing.assert_allclose(grad, HAND_GRAD[kind, agg], rtol=TERM_REL, atol=0)
     # Token ratios 2, .5, 8, .5, 1, 8, .5: mean 20.5/7, max 8, min .5; above the cap 5: 2 of 7.
-    assert metrics["is_ratio_mean"] == pytest.approx(20.5 / 7, rel=1e-5)
-    assert metrics["is_ratio_max"] == pytest.approx(8.0, rel=1e-5)
-    assert metrics["is_ratio_min"] == pytest.approx(0.5, rel=1e-5)
-    assert metrics["is_ratio_above_cap_frac"] == pytest.approx(2 / 7, rel=1e-6)
-    # sum rho^2 = 4 + .25 + 64 + .25 + 1 + 64 + .25 = 133.75; std = sqrt(E[rho^2] - E[rho]^2)
-    assert metrics["is_ratio_std"] == pytest.approx(math.sqrt(133.75 / 7 - (20.5 / 7) ** 2), rel=1e-5)
-    # |log rho| = ln2, ln2, ln8, ln2, 0, ln8, ln2 = 10 ln2 over 7 tokens (the padded 4.0 and row 3 do not count)
-    assert metrics["logp_diff_abs_mean"] == pytest.approx(10 * LN(2) / 7, rel=1e-5)
-    assert metrics["seq_ratio_mean"] == pytest.approx((1 + 2 + 4 ** (1 / 3)) / 3, rel=1e-5)
+    assert metrics["is_ratio_mean"] == pytest.approx(20.5 / 7, rel=METRIC_REL)
+    assert metrics["is_ratio_max"] == pytest.approx(8.0, rel=TERM_REL)
+    assert metrics["is_ratio_min"] == pytest.approx(0.5, rel=TERM_REL)
+    assert metrics["is_ratio_above_cap_frac"] == pytest.approx(2 / 7, rel=ops(1))  # a count over 7
+    # sum rho^2 = 4 + .25 + 64 + .25 + 1 + 64 + .25 = 133.75; std = sqrt(E[rho^2] - E[rho]^2): the difference
+    # cancels 19.1 - 8.6 (a factor 2), the square root halves the relative error
+    assert metrics["is_ratio_std"] == pytest.approx(math.sqrt(133.75 / 7 - (20.5 / 7) ** 2),
+                                                    rel=2 * (2 * METRIC_REL + ops(3)))
+    # |log rho| = ln2, ln2, ln8, ln2, 0, ln8, ln2 = 10 ln2 over 7 tokens (the padded 4.0 and row 3 do not count);
+    # the log-ratio's absolute error (the inputs' rounding, 12 u) over its size ln 2
+    assert metrics["logp_diff_abs_mean"] == pytest.approx(10 * LN(2) / 7, rel=METRIC_REL + ops(12) / LN(2))
+    assert metrics["seq_ratio_mean"] == pytest.approx((1 + 2 + 4 ** (1 / 3)) / 3, rel=METRIC_REL)
     assert (metrics["n_tokens"], metrics["n_samples"], metrics["n_prompts"]) == (7, 3, 2)
     # Clipped tokens: cispo rho > 5 (2 tokens); dapo/grpo row0 t0, row1 t1, row2 t1; gspo all of row 2.
-    assert metrics["clip_frac"] == pytest.approx({"cispo": 2 / 7, "dapo": 3 / 7, "grpo": 3 / 7, "gspo": 3 / 7}[kind])
+    assert metrics["clip_frac"] == pytest.approx({"cispo": 2 / 7, "dapo": 3 / 7, "grpo": 3 / 7, "gspo": 3 / 7}[kind],
+                                                 rel=ops(1))  # a count over 7
 
 
 def test_hand_worked_metrics_all_masked():
@@ -169,6 +187,7 @@ def np_policy_loss(logp, gen, adv, mask, gid, kind, agg, eps_low, eps_high, eps_
             for i in rows:
                 weight[i] = mask[i] / (n_g * len(live))
     loss = float((term * weight).sum())
+    scale = float(np.abs(term * weight).sum())  # what the loss's rounding is relative to (LOSS_REL)
     grad = np.zeros((B, T))
     if kind == "gspo":
         for i in range(B):
@@ -181,7 +200,7 @@ def np_policy_loss(logp, gen, adv, mask, gid, kind, agg, eps_low, eps_high, eps_
                 grad[i, toks] = -s * adv[i] / len(toks) * weight[i].sum()
     else:
         grad = dterm * weight
-    return loss, grad
+    return loss, grad, scale
 
 
 def random_batch(rng, B, T, n_groups, p_mask=0.7, ratio_scale=0.6):
@@ -202,11 +221,15 @@ def test_matches_numpy_reference(kind, agg):
     rng = np.random.default_rng(hash((kind, agg)) % 2**32)
     cfg = _cfg(kind, agg)
     for B, T, n_groups in ((8, 6, 3), (4, 6, 4)):  # shapes shared with the property tests (one compile)
-        logp, gen, adv, mask, gid = random_batch(rng, B, T, n_groups)
+        # the reference sees the inputs as float32 holds them: only the computation's rounding is compared
+        logp, gen, adv, mask, gid = (np.asarray(x, np.float32).astype(np.float64) if x.dtype.kind == "f" else x
+                                     for x in random_batch(rng, B, T, n_groups))
         loss, _, grad = run(logp, gen, adv, mask, gid, cfg)
-        ref_loss, ref_grad = np_policy_loss(logp, gen, adv, mask, gid, kind, agg, cfg.eps_low, cfg.eps_high, 5.0)
-        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
-        np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-7)
+        ref_loss, ref_grad, scale = np_policy_loss(logp, gen, adv, mask, gid, kind, agg, cfg.eps_low, cfg.eps_high,
+                                                   5.0)
+        assert loss == pytest.approx(ref_loss, rel=0, abs=LOSS_REL * scale)
+        # each entry one term (GSPO's carries its sequence's mean): no sum
+        np.testing.assert_allclose(grad, ref_grad, rtol=TERM_REL, atol=0)
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -232,7 +255,8 @@ def test_cispo_gradient_exact_including_capped_tokens(agg):
         tok_g = np.array([lengths[gid == g].sum() for g in gid])
         n = tok_g * 3  # P = 3: prompt 2 still has row 5 although row 4 is fully masked
     expected = -np.minimum(np.exp(log_rho), 5.0) * adv[:, None] / np.maximum(n, 1)[:, None] * mask
-    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8)
+    # one term per entry; the inputs' rounding to float32 (|logp| + |gen| <= 5 + 4 here: 9 u) is not in `expected`
+    np.testing.assert_allclose(grad, expected, rtol=TERM_REL + ops(9), atol=0)
     capped = (np.exp(log_rho) > 5.0) & (mask > 0)
     assert capped.sum() > 0 and np.all(grad[capped] != 0)
 
@@ -279,10 +303,15 @@ def test_permuting_groups_changes_nothing(data):
     relabel = rng.permutation(B)  # group ids are any ints in [0, B)
     loss, metrics, grad = run(logp, gen, adv, mask, gid, cfg)
     loss2, metrics2, grad2 = run(logp[perm], gen[perm], adv[perm], mask[perm], relabel[gid[perm]], cfg)
-    assert loss2 == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    # the same float32 terms summed in another order: twice the bound of each, relative to the sum of the absolute
+    # values (the loss: its weighted terms, from the NumPy reference; a metric: a mean over at most 48 tokens of
+    # values no larger than the largest ratio)
+    scale = np_policy_loss(logp, gen, adv, mask, gid, cfg.kind, cfg.aggregation, cfg.eps_low, cfg.eps_high, 5.0)[2]
+    assert loss2 == pytest.approx(loss, rel=0, abs=2 * LOSS_REL * scale)
     for k in metrics:
-        assert metrics2[k] == pytest.approx(metrics[k], rel=1e-5, abs=1e-6)
-    np.testing.assert_allclose(grad2, grad[perm], rtol=1e-5, atol=1e-7)
+        big = max(1.0, abs(metrics[k]), metrics["is_ratio_max"])
+        assert metrics2[k] == pytest.approx(metrics[k], rel=0, abs=2 * (TERM_REL + sum_rel(48)) * big), k
+    np.testing.assert_allclose(grad2, grad[perm], rtol=2 * TERM_REL, atol=0)
 
 
 @PROP
@@ -313,13 +342,14 @@ def test_prompt_aggregation_weights_prompts_equally(lengths_per_prompt, seed):
     _, _, grad = run(logp, gen, adv, mask, gid, _cfg("cispo", "prompt"))
     w = grad / (-np.minimum(np.exp(logp - gen), 5.0) * adv[:, None])
     assert not w[mask == 0].any()
-    for g in range(P):
-        assert w[gid == g].sum() == pytest.approx(1 / P, rel=1e-5)
+    for g in range(P):  # the gradient's own rounding (TERM_REL) and this division and sum over <= 36 positive terms
+        assert w[gid == g].sum() == pytest.approx(1 / P, rel=TERM_REL + ops(2) + sum_rel(36, "float64"))
     # Equivalently: a constant per-token term c_g = -A_g * logp contributes c_g / P, however long the prompt is.
     c = rng.normal(size=P)
     adv_c = c[gid]
     loss, _, _ = run(-np.ones((B, T)), -np.ones((B, T)), adv_c, mask, gid, _cfg("cispo", "prompt"))
-    assert loss == pytest.approx(c.sum() / P, rel=1e-5, abs=1e-6)
+    # rho = 1 exactly; the c_g (rounded to float32) summed over the tokens of 16 rows: relative to sum |c_g| / P
+    assert loss == pytest.approx(c.sum() / P, rel=0, abs=(LOSS_REL + ops(1)) * float(np.abs(c).sum()) / P)
 
 
 def test_jit_and_unknown_kind():

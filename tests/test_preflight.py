@@ -17,6 +17,7 @@ from scalerl_jax.experiments.presets import build_plan
 
 from scalerl_jax.config import ConfigError
 from scalerl_jax.rewards import sandbox
+from tests.conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 R = dataclasses.replace
@@ -109,7 +110,7 @@ def test_cli_exits_2_before_any_compute(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{shadow.parent}{os.pathsep}{ROOT}", "JAX_PLATFORMS": "cpu"}
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "small", "--steps", "2",
-                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "sglang-router" in r.stderr and "-m pip install 'sglang-router>=" in r.stderr, r.stderr[-2000:]
     assert not out.exists() or not any(out.iterdir())

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from scalerl_jax.rollout.fleet.processes import PACKAGE_PARENT, free_port, guarded, log_tail
+from tests.conftest import HANG_S
 from tests.servers import ROOT
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -22,13 +23,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 def test_guard_by_module_path_runs_the_command_and_returns_its_status():
     cmd = guarded([sys.executable, "-c", "import sys; sys.exit(7)"])
     assert cmd[1:4] == ["-m", "scalerl_jax.rollout.fleet.guard", "--guard"]
-    run = subprocess.run(cmd, env=ENV, cwd=ROOT, timeout=60, capture_output=True, text=True)
+    run = subprocess.run(cmd, env=ENV, cwd=ROOT, timeout=HANG_S, capture_output=True, text=True)
     # the guard module is not imported by its package before ``-m`` runs it (runpy would warn on stderr)
     assert run.returncode == 7 and run.stderr == ""
     # a PARENT_PID that is not the guard's parent: it refuses (3) without running the command
     wrong = [sys.executable, "-m", "scalerl_jax.rollout.fleet.guard", "--guard", "1", "--", "true"]
-    assert subprocess.run(wrong, env=ENV, cwd=ROOT, timeout=60).returncode == 3
-    no_cmd = subprocess.run(wrong[:-2], env=ENV, cwd=ROOT, timeout=60, capture_output=True, text=True)
+    assert subprocess.run(wrong, env=ENV, cwd=ROOT, timeout=HANG_S).returncode == 3
+    no_cmd = subprocess.run(wrong[:-2], env=ENV, cwd=ROOT, timeout=HANG_S, capture_output=True, text=True)
     assert no_cmd.returncode == 2 and "no command given" in no_cmd.stderr
 
 
@@ -53,8 +54,9 @@ def test_guard_kills_the_command_once_its_parent_is_gone():
         pid = int(parent.stdout.readline())
         assert _alive(pid)
         os.kill(parent.pid, signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10  # the guard polls every 0.5 s, then terminates the command
+        parent.wait(timeout=60)
+        # the guard polls every 0.5 s, then terminates the command: a hang guard with room for a loaded machine
+        deadline = time.monotonic() + 60
         while _alive(pid):
             assert time.monotonic() < deadline, "the guarded command outlived its experiment"
             time.sleep(0.1)

@@ -26,6 +26,7 @@ from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
 from scalerl_jax.data.word_arith import corpus, word_arith_rows, write_jsonl
 from scalerl_jax.metrics import read_metrics
 from scalerl_jax.models import init_params, save_hf_checkpoint, tiny
+from tests.tolerances import ops
 
 R = dataclasses.replace
 K = 2  # PipelineRL-k of these runs: small, so that the bound is exercised
@@ -138,7 +139,9 @@ def test_rl_through_two_servers_behind_the_router(base, tmp_path):
     assert all(n == 4 for _, _, ns, _ in seen for n in ns)
     # compute counts the 2 generator devices beside the trainer's
     assert summary["generator_devices"] == 2
-    assert summary["device_seconds"] == pytest.approx(summary["compute_s"] * (summary["trainer_devices"] + 2))
+    # one float64 product of the same numbers on both sides: within gamma_1 of each other's exact value
+    assert summary["device_seconds"] == pytest.approx(summary["compute_s"] * (summary["trainer_devices"] + 2),
+                                                      rel=2 * ops(1, "float64"))
     assert len(list((tmp_path / "run" / "weights").iterdir())) <= plan.exp.rollout.keep_exports
 
 
@@ -160,7 +163,7 @@ def test_a_server_killed_mid_run(base, tmp_path):
     def after(gens, summary):
         fleet = gens.fleet
         versions: dict = {}
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a hang guard for a server's restart on a loaded machine
         while time.monotonic() < deadline:  # the monitor restarts it and pushes the newest weights once healthy
             try:
                 versions = {u: httpx.get(u + "/get_weight_version", timeout=5).json()["weight_version"]

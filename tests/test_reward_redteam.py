@@ -14,6 +14,7 @@ The unprivileged run re-runs :func:`run_redteam` in a subprocess under ``setpriv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -33,12 +34,14 @@ from scalerl_jax.rewards.code_types import SandboxConfig
 
 # The sandbox's limits. The CPU limit ends the CPU-bound cases (never_return, the fork bomb's processes) whatever
 # else runs on the machine: 2 CPU seconds, over 4x what the honest and the other hostile programs use (interpreter
-# start-up and the tests: ~0.1-0.3 s each). The wall clock catches programs that block (and the fork bomb under
-# bubblewrap, whose orphans hold its pipes open); either limit grades a CPU-bound case "timeout", which those cases
-# allow. It must not fire first for the others: 15 s is 4x a loaded 2-core machine's slowest start-up of a case
-# beside three CPU-bound neighbours (~1 s), with room to spare; a case it cuts anyway is graded again on its own.
+# start-up and the tests: ~0.1-0.3 s of CPU each). The cases that end on a limit ("timeout" among their endings) run
+# first, on their own, under a short wall clock (it catches programs that block, and the fork bomb under bubblewrap,
+# whose orphans hold its pipes open); either limit grades them "timeout", which those cases allow. Every other case
+# ends by itself and runs under a wall clock far longer than its start-up needs on a loaded machine 4x slower than
+# a 2-core one (~1 s there beside three CPU-bound neighbours), so that its ending is its own, never the clock's.
 CPU_S = 2.0
 TIMEOUT_S = 15.0
+WALL_S = 120.0
 USER = "scalerl-redteam"
 MODES = ("bwrap", "rlimits", "rlimits-nons")  # rlimits-nons: Landlock and the tree sweep, no namespaces
 
@@ -390,7 +393,7 @@ class Host:
         for path in (f"{self.dir}/escaped_write", f"/tmp/escaped_{self.mark}", f"/dev/shm/escaped_{self.mark}"):
             if os.path.exists(path):
                 out.append(f"{path} was written")
-        deadline = time.monotonic() + 15.0  # the sandbox's sweep: well under a second on an idle machine
+        deadline = time.monotonic() + 30.0  # gone at once when all is well; a hang guard for a loaded machine's reaping
         while (left := _named(self.mark)) and time.monotonic() < deadline:
             time.sleep(0.05)
         if left:
@@ -434,18 +437,19 @@ def run_redteam(mode: str) -> dict:
     host = Host()
     sb.NAMESPACES = mode != "rlimits-nons"
     try:
-        cfg = SandboxConfig(timeout_s=TIMEOUT_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
+        cfg = SandboxConfig(timeout_s=WALL_S, cpu_s=CPU_S, memory_mb=512, max_procs=8, max_output_bytes=1 << 16,
                             isolation="rlimits" if mode.startswith("rlimits") else mode, workers=4)
+        names = list(CASES)
+        jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), he.tests), host.fill(CASES[n][1], he.tests),
+                        CASES[n][2]) for n in names]
+        on_limit = [i for i, n in enumerate(names) if "timeout" in CASES[n][3]]
+        results: list = [None] * len(names)
+        with CodePool(dataclasses.replace(cfg, timeout_s=TIMEOUT_S)) as pool:
+            for i, r in zip(on_limit, pool.map([jobs[i] for i in on_limit]), strict=True):
+                results[i] = r
         with CodePool(cfg) as pool:
-            names = list(CASES)
-            jobs = [CodeJob(host.fill(textwrap.dedent(CASES[n][0]), he.tests), host.fill(CASES[n][1], he.tests),
-                            CASES[n][2]) for n in names]
-            results = pool.map(jobs)
-            # a case that ran out of the wall clock beside the CPU-bound cases (4 workers on a loaded machine) is
-            # graded once more on its own; a pass in either grading still fails the test
-            again = [i for i, r in enumerate(results)
-                     if not r.passed and r.reason == "timeout" and "timeout" not in CASES[names[i]][3]]
-            for i, r in zip(again, pool.map([jobs[i] for i in again]), strict=True):
+            rest = [i for i in range(len(names)) if i not in on_limit]
+            for i, r in zip(rest, pool.map([jobs[i] for i in rest]), strict=True):
                 results[i] = r
             # the honest program passes under the same pool: the failures above are the techniques', not the setup's
             honest = pool.map([CodeJob("def add(a, b):\n    return a + b\n", _ADD_TESTS),
@@ -532,8 +536,9 @@ def unprivileged_run():
 
     def result() -> dict:
         if not done:
-            # a hang guard: the three modes take ~3 min on a 2-core machine loaded with the rest of the suite
-            out, err = proc.communicate(timeout=900)
+            from tests.conftest import HANG_S  # here, not at the top: the unprivileged run imports this module
+
+            out, err = proc.communicate(timeout=HANG_S)  # a hang guard for the three modes' runs, not a speed limit
             line = next((s for s in out.splitlines() if s.startswith("REDTEAM")), None)
             assert line is not None, f"the unprivileged run printed no result (rc {proc.returncode}): {err[-3000:]}"
             done.update(json.loads(line[len("REDTEAM"):]))

@@ -37,7 +37,9 @@ def test_arith_from_token_ids_and_batch():
 # -- math-verify --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def verifier():
-    with MathVerifier(timeout_s=1.0) as v:
+    # a real answer's check takes milliseconds: the limit is room for a loaded machine, so that a timeout here would
+    # be the answer's, not the machine's (the timeout itself is tested with a tower no limit suffices for)
+    with MathVerifier(timeout_s=30.0) as v:
         yield v
 
 
@@ -99,13 +101,19 @@ def test_extraction_forms(verifier):
         assert verifier.judge(completion, gold) == status, (completion, gold)
 
 
-def test_pathological_input_times_out(verifier):
+def test_pathological_input_times_out():
+    with MathVerifier(timeout_s=1.0) as verifier:
+        _pathological_input_times_out(verifier)
+
+
+def _pathological_input_times_out(verifier):
     before = verifier.counts["timeouts"]
     t0 = time.monotonic()
     status = verifier.judge("\\boxed{9^{9^{9^{8}}}}", "9^{9^{9^{9}}}")
     elapsed = time.monotonic() - t0
     assert status == "timeout"
-    assert elapsed < verifier.hard_timeout_s + 1.0
+    # bounded by the hard timeout (and, past it, a fresh worker's start-up: seconds, more on a loaded machine)
+    assert elapsed < verifier.hard_timeout_s + 60.0
     assert verifier.counts["timeouts"] == before + 1
     rewards, counts = verifier.score(["\\boxed{9^{9^{9^{8}}}}", "\\boxed{2}"], [_p("9^{9^{9^{9}}}"), _p("2")])
     assert rewards.tolist() == [-1.0, 1.0] and counts["timeouts"] == 1
@@ -116,9 +124,10 @@ def test_hard_timeout_kills_and_restarts_worker():
         assert v.judge("\\boxed{3}", "3") == "ok"  # starts the worker outside the timed call
         t0 = time.monotonic()
         assert v.judge("\\boxed{9^{9^{9^{8}}}}", "9^{9^{9^{9}}}") == "timeout"
-        # the tower would take forever: coming back at all shows the kill; the bound leaves room for a loaded machine
-        # (1.17 s measured with the 0.3 s hard timeout while a whole test suite and two runs shared 2 cores)
-        assert time.monotonic() - t0 < 5.0
+        # the tower would take forever: coming back at all shows the kill; the bound is a hang guard with room for a
+        # loaded machine 4x slower (1.17 s measured with the 0.3 s hard timeout while a whole test suite and two runs
+        # shared 2 cores)
+        assert time.monotonic() - t0 < 60.0
         assert v.counts["restarts"] == 1
         assert v.judge("\\boxed{3}", "3") == "ok"  # a fresh worker
 

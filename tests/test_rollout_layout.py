@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.conftest import HANG_S
 from tests.servers import ROOT
 from tests.test_model_structure import _import_graph
 
@@ -78,7 +79,7 @@ def test_the_client_and_the_fleet_import_no_jax():
     (length_rule) sits at the top, not in engine/, whose package loads JAX and the models."""
     code = ("import sys; import scalerl_jax.rollout.client, scalerl_jax.rollout.fleet; "
             "print(sorted(m for m in ('jax', 'scalerl_jax.models', 'scalerl_jax.rollout.engine') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

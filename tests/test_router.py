@@ -21,6 +21,7 @@ from scalerl_jax.models import init_params, tiny
 from scalerl_jax.rollout.client import SGLangGenerator
 from scalerl_jax.rollout.protocol import GenerationRequest, LengthControl, SamplingParams
 from tests.servers import (
+    START_S,
     assert_greedy_against_model,
     free_port,
     kill,
@@ -62,8 +63,8 @@ def fleet(tmp_path_factory):
         router.log_path = tmp / "router.log"  # type: ignore[attr-defined]
         procs.append(router)
         rurl = f"http://127.0.0.1:{port}"
-        wait_healthy(rurl, router, timeout_s=60)
-        deadline = time.monotonic() + 30
+        wait_healthy(rurl, router)
+        deadline = time.monotonic() + START_S  # a hang guard
         while time.monotonic() < deadline:  # the router registers workers asynchronously
             ws = httpx.get(rurl + "/workers", timeout=5).json().get("workers", [])
             if len(ws) == 2 and all(w.get("is_healthy") for w in ws):

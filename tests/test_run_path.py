@@ -16,7 +16,7 @@ from scalerl_jax.config import ConfigError
 from scalerl_jax.data.tokenizer import HFTokenizer
 from scalerl_jax.data.tokenizer_build import save_char_tokenizer, train_bpe_tokenizer
 from scalerl_jax.models import init_params, load_hf_checkpoint, save_hf_checkpoint, tiny
-from tests.conftest import DATA, ROOT
+from tests.conftest import DATA, HANG_S, ROOT
 from tests.servers import free_port
 
 R = dataclasses.replace
@@ -95,7 +95,7 @@ def test_cli_stops_on_bad_inputs_before_any_compute(tiny_dir, tmp_path):
               f"{dead}: unreachable")]
     for args, needle in cases:
         r = subprocess.run([sys.executable, "-m", "experiments.math_8b", "--preset", "small", *args, "--out",
-                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
         assert r.returncode == 2 and needle in r.stderr, (args, r.stdout[-2000:], r.stderr[-2000:])
         assert not (tmp_path / "out" / "metrics.jsonl").exists()
 

@@ -31,6 +31,7 @@ from scalerl_jax.models import forward, init_params, tiny
 from scalerl_jax.rollout.engine import JaxEngine
 from scalerl_jax.rollout.engine.sampling import sample_tokens, top_p_mask
 from scalerl_jax.rollout.protocol import GenerationRequest, SamplingParams
+from tests.tolerances import logsoftmax_err, model_logprob_tol, ops
 
 DELTA = 1e-6  # per-check false-failure probability of tv_bound
 
@@ -115,7 +116,9 @@ def test_reference_truncation_matches_the_hand_written_distributions():
     for T, top_p, want in CONFIGS:
         if T > 0:
             p = np.exp(np_log_softmax(LOGITS / T))
-            np.testing.assert_allclose(np_top_p(p, top_p), want, atol=1e-12, err_msg=f"T={T} top_p={top_p}")
+            # float64 on both sides: a softmax of 6 terms, a truncation's sum and a division (tests/tolerances.py)
+            np.testing.assert_allclose(np_top_p(p, top_p), want, rtol=0, atol=ops(16, "float64", transcendental=2),
+                                       err_msg=f"T={T} top_p={top_p}")
 
 
 @pytest.mark.parametrize("key_kind", ["batch", "per_row_raw", "per_row_typed"])
@@ -138,7 +141,10 @@ def test_sampled_frequencies_and_logprobs_match_the_truncated_tempered_softmax(k
         # recorded log-prob: log_softmax(logits / T) of the drawn token, before truncation (log_softmax(logits)
         # for greedy rows)
         ref_lp = np_log_softmax(LOGITS / (T if T > 0 else 1.0))
-        np.testing.assert_allclose(logp_nC[:, c], ref_lp[tok_nC[:, c]], atol=2e-6, rtol=0,
+        # float32 against float64 (tests/tolerances.py): the logits carry their rounding to float32 and the
+        # division by T, then the log-softmax's own
+        z = np.abs(LOGITS) / (T if T > 0 else 1.0)
+        np.testing.assert_allclose(logp_nC[:, c], ref_lp[tok_nC[:, c]], rtol=0, atol=float(logsoftmax_err(ops(2) * z)),
                                    err_msg=f"T={T} top_p={p}")
     # teeth: dropping the top-p mask draws softmax(logits / T) untruncated, at least twice the bound away
     for T, p, want in CONFIGS:
@@ -187,7 +193,8 @@ def test_temperature_zero_is_greedy_with_untempered_logprob():
                                 jax.random.PRNGKey(seed), use_top_p=True)
         assert np.asarray(tok).tolist() == [1, 0, 2]
         ref = np_log_softmax(lg)[np.arange(3), [1, 0, 2]]
-        np.testing.assert_allclose(np.asarray(logp), ref, atol=1e-6, rtol=0)
+        # float32 against float64 from the same float32 logits: the log-softmax's rounding (tests/tolerances.py)
+        np.testing.assert_allclose(np.asarray(logp), ref, rtol=0, atol=float(logsoftmax_err(np.zeros_like(lg)).max()))
 
 
 def test_per_row_keys_make_a_row_independent_of_its_batch_position():
@@ -241,7 +248,9 @@ def test_engine_first_token_frequencies_match_teacher_forced_softmax():
         # configurations' distributions and each row's wrong alternatives below is 0.27 to 0.44
         emp = freqs(tok, cfg.vocab_size)
         assert tv(emp, want) < tv_bound(want, n), f"T={T} top_p={p}: {np.round(emp, 3)} vs {np.round(want, 3)}"
-        np.testing.assert_allclose(lp, np_log_softmax(logits / T)[tok], atol=1e-4, rtol=0)
+        # the engine's decode and the forward pass above: two float32 orderings of the model (tests/tolerances.py)
+        tol = model_logprob_tol(cfg, 16, float(np.abs(logits).max()) / T)
+        np.testing.assert_allclose(lp, np_log_softmax(logits / T)[tok], atol=tol, rtol=0)
         # teeth: this row's logits under the other configuration's top-p (for top_p 0.5: the untruncated
         # distribution, i.e. the top-p mask dropped) or the other's temperature are far outside the bounds
         T_o, p_o = configs[1 - j]

@@ -21,5 +21,6 @@ def test_kernels_under_a_mesh_match_the_unsharded_reference(background):
         # step: each inside a shard_map, none left for GSPMD to replicate
         assert v["pallas_calls"]["outside"] == 0 and v["pallas_calls"]["inside"] >= 5, v
         assert abs(v["loss_ref"]) > 1e-2 and v["update"] > 1e-4, (case, v)  # a real loss, a real step
-        assert v["loss"] <= 1e-5 and v["grad_norm_rel"] <= 1e-5, (case, v)
-        assert v["params"] <= 1e-3 * v["update"], (case, v)
+        # what reordering the float32 work across the mesh and into the kernels can change (tests/tolerances.py)
+        for key in ("loss", "grad_norm_rel", "params"):
+            assert v[key] <= v["tol"][key], (case, key, v)

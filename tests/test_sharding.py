@@ -20,10 +20,9 @@ def test_sharded_matches_unsharded_on_8_devices(background):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(res) == {"fsdp4xtensor2", "fsdp8xtensor1", "data2xfsdp2xtensor2", "fsdp2xtensor4"}
     for mesh, v in res.items():
-        assert v["forward"] <= 1e-5, (mesh, v)
-        assert v["params"] <= 1e-5, (mesh, v)  # after two AdamW steps
-        assert v["loss"] <= 1e-5, (mesh, v)
-        assert v["grad_norm_rel"] <= 1e-5, (mesh, v)
+        # what reordering the float32 work across the mesh can change (tests/tolerances.py, train_steps_tol)
+        for key in ("forward", "params", "loss", "grad_norm_rel"):  # params: after two AdamW steps
+            assert v[key] <= v["tol"][key], (mesh, key, v)
         assert v["steps"] == 2
         assert v["n_sharded_params"] >= 8, (mesh, v)  # the mesh really shards the weights
 

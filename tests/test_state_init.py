@@ -20,13 +20,14 @@ import pytest
 from scalerl_jax.experiments.run_path import check_run_dir
 
 from scalerl_jax.config import ConfigError
+from tests.conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_state_is_born_sharded_on_eight_devices(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "_state_init_check.py"), str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     core = out.pop("trainer_core")
@@ -51,7 +52,7 @@ def test_two_processes_each_read_only_their_blocks(tmp_path):
                        max_shard_bytes=20000)
     r = subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", "2", "--cpu-devices", "2",
                         "--log-dir", str(tmp_path / "logs"), "--", "tests._hf_sharded_mp_check", str(tmp_path / "ck")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     rows = [json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines() if "RESULT " in line]
     assert sorted(x["process"] for x in rows) == [0, 1]
@@ -68,7 +69,7 @@ def test_two_processes_each_read_only_their_blocks(tmp_path):
 # ---- resumes never lose data -------------------------------------------------------------------------------
 
 
-def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+def _run(args: list[str], timeout: int = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments.math_8b", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -94,7 +95,7 @@ def test_resume_with_every_checkpoint_corrupt_stops_and_keeps_metrics(smoke_run,
 def test_fresh_start_in_a_used_directory_is_refused(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n{"kind": "eval", "step": 1}\n')
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    r = _run(["--preset", "smoke", "--out", str(tmp_path), "--no-fit"], timeout=300)
+    r = _run(["--preset", "smoke", "--out", str(tmp_path), "--no-fit"], timeout=HANG_S)
     assert r.returncode == 2 and "metrics.jsonl with 2 rows" in r.stderr and "--overwrite" in r.stderr, r.stderr
     assert (tmp_path / "metrics.jsonl").read_bytes() == before
     # --resume without any checkpoint to continue from: refused the same way
@@ -124,7 +125,7 @@ def test_processes_restore_the_same_checkpoint_or_fail_together(tmp_path, mode, 
     together, or both stop with a ResumeError naming process 1's reason for each step; none hangs."""
     r = subprocess.run([sys.executable, "-m", "scalerl_jax.launch", "--processes", "2", "--cpu-devices", "2",
                         "--log-dir", str(tmp_path / "logs"), "--", "tests._restore_agree_check", str(tmp_path / "run"),
-                        mode], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        mode], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     rows = {x["process"]: x for x in (json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines()
                                       if "RESULT " in line)}

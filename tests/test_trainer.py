@@ -159,20 +159,33 @@ def test_pipeline_staleness_never_exceeds_k(tmp_path, k, seed):
 
 
 def test_pipeline_batch_versions_mix_in_flight(tmp_path):
-    """In-flight updates: with a slow generator and a fast trainer, some completions carry two versions."""
-    rng = np.random.default_rng(3)
+    """In-flight updates: a completion being generated when the trainer's update arrives carries two versions. The
+    generator is held two tokens into its second batch until the trainer's first update has been pushed (the engine
+    applies it at the next chunk boundary), so the mix does not depend on the generator being the slower of the two
+    on this machine."""
     multi = []
+    held = threading.Event()
 
     def wrap(engine):
-        engine.chunk_hook = lambda ci: time.sleep(0.01)
-        return RecordingGenerator(engine, rng=rng, max_sleep=0.0)
+        g = RecordingGenerator(engine)
+
+        def hold(ci):
+            if g.calls == 1 and ci == 2 and not held.is_set():  # batch 1 (batch 0 is the trainer's first), mid-way
+                held.set()
+                deadline = time.monotonic() + 600  # a hang guard: the trainer's first step
+                while len(g.pushes) < 2:  # v0 at the start, then the first update
+                    assert time.monotonic() < deadline, "the trainer pushed no update while the generator waited"
+                    time.sleep(0.01)
+
+        engine.chunk_hook = hold
+        return g
 
     def on_batch(step, rb, batch, stats):
         multi.extend(len(set(c.versions) - {INJECTED_VERSION}) > 1 for g in rb.groups for c in g)
 
     exp = make_exp(mode="pipeline", k=2, steps=8, npr=False, decode_chunk=1)
     run_trainer(tmp_path, exp, wrap_generator=wrap, on_batch=on_batch)
-    assert any(multi), "no completion saw a weight update mid-sequence"
+    assert held.is_set() and any(multi), "no completion saw a weight update mid-sequence"
 
 
 # ---- PPO-off-policy-k: rounds ---------------------------------------------------------------------------------

@@ -16,12 +16,10 @@ import pytest
 
 from scalerl_jax.metrics import read_metrics
 from tests._trainer_driver import build_trainer, enable_compile_cache, flat_params, make_data, make_exp
+from tests.conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, K, CKPT_EVERY, EVAL_EVERY = 16, 2, 4, 4
-# Hang guards, not speed limits: a driver run (start-up, compile or cache load, 16 steps) takes under a minute on an
-# idle 2-core machine and the two first runs share it; 15 minutes leaves room for a machine many times slower.
-GUARD_S = 900
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,36 +56,37 @@ def _train_steps(run_dir: Path) -> list[int]:
         return []
 
 
+HOLD = 7  # the victim is killed in the train step after step 7: mid-round (K = 2), past the step-4 checkpoint
+# the runs below wait on tests.conftest.HANG_S, a hang guard (a driver run: start-up, compile or cache load and 16
+# steps take under a minute on an idle 2-core machine; the two first runs share it), not a speed limit
+
+
 def test_sigkill_and_resume_is_contiguous_and_bit_identical(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     full.mkdir()
     killed.mkdir()
     ref = _driver(full)
-    victim = _driver(killed, "--step-sleep", "0.4")
+    # the victim stops itself at a known point and waits there for the SIGKILL: no race with its own progress
+    victim = _driver(killed, "--hold-at-step", str(HOLD))
     try:
-        deadline = time.time() + GUARD_S
-        while time.time() < deadline:
-            ck = _committed_checkpoints(killed)
-            steps = _train_steps(killed)
-            if ck and steps and max(steps) >= ck[-1] + 3:
-                break
+        deadline = time.monotonic() + HANG_S
+        while not ((killed / "holding").exists() and CKPT_EVERY in _committed_checkpoints(killed)):
             assert victim.poll() is None, "the run ended before it could be killed: " + \
                 killed.with_suffix(".log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the victim did not reach its hold point and its first checkpoint"
             time.sleep(0.05)
-        else:
-            pytest.fail("no checkpoint + 3 steps within the deadline")
         victim.send_signal(signal.SIGKILL)
-        victim.wait(30)
+        victim.wait(HANG_S)
         at_kill = max(_train_steps(killed))
-        assert at_kill < STEPS and not (killed / "final_params.npz").exists()
-        assert ref.wait(GUARD_S) == 0, full.with_suffix(".log").read_text()[-2000:]
+        assert at_kill == HOLD and not (killed / "final_params.npz").exists()
+        assert ref.wait(HANG_S) == 0, full.with_suffix(".log").read_text()[-2000:]
     finally:
         for p in (ref, victim):
             if p.poll() is None:
                 p.kill()
 
     resumed = _driver(killed, "--resume")
-    assert resumed.wait(GUARD_S) == 0, killed.with_suffix(".log").read_text()[-3000:]
+    assert resumed.wait(HANG_S) == 0, killed.with_suffix(".log").read_text()[-3000:]
     log = killed.with_suffix(".log").read_text()
     line = [ln for ln in log.splitlines() if ln.startswith("[driver] resumed_from")][-1]
     resumed_from = int(line.split()[-1])

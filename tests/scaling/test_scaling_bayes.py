@@ -12,6 +12,7 @@ from scalerl_jax.scaling.compare import prob_greater
 from scalerl_jax.scaling.paper import TABLE1
 from scalerl_jax.scaling.powerlaw import fit_power_law
 from tests.conftest import printed_json
+from tests.tolerances import ops, sum_rel
 
 R0_TRUE = 0.30  # Table 1 gives no R0; a plausible pass rate before RL for an 8B model on Polaris.
 N_PROMPTS, K_SAMPLES, PHI = 1000, 16, 2.0
@@ -107,7 +108,10 @@ def test_fit_bayes_default_settings_normal_likelihood_fixed_R0():
     assert 0.005 < s["sigma"]["mean"] < 0.02  # binomial x over-dispersion sd here is about 0.011
     assert max(post.r_hat.values()) < 1.05 and min(post.ess.values()) > 400
     mean, lo, hi = post.predict(np.array([0.0, 2542.0, 5 * 2542.0]))
-    assert mean[0] == pytest.approx(r[0]) and lo[0] == pytest.approx(r[0])  # R0 fixed: no spread at C = 0
+    # R0 fixed: no spread at C = 0; the draws are float32 (NumPyro), so R0 comes back within a float32 rounding of
+    # r[0] and a mean (or quantile) of 4000 equal draws (tests/tolerances.py)
+    assert mean[0] == pytest.approx(r[0], rel=ops(1) + sum_rel(4000))
+    assert lo[0] == pytest.approx(r[0], rel=ops(1) + sum_rel(4000))
     assert np.all(lo <= mean + 1e-9) and np.all(mean <= hi + 1e-9)
     # The extrapolation to the full budget covers the truth.
     truth_end = _law(5 * 2542.0, 0.61, 1.92, 2542.0, R0_TRUE)
@@ -127,9 +131,10 @@ def test_power_law_overestimates_ceiling():
 def test_prob_greater_against_normal_formula():
     rng = np.random.default_rng(0)
     x, y = rng.normal(0.62, 0.01, 20000), rng.normal(0.60, 0.01, 20000)
-    # X - Y ~ Normal(0.02, 0.01 sqrt 2).
-    assert prob_greater(x, y) == pytest.approx(norm.cdf(0.02 / (0.01 * np.sqrt(2))), abs=0.01)
-    assert prob_greater([1.0, 2.0], [1.0, 2.0]) == pytest.approx(0.5)
+    # X - Y ~ Normal(0.02, 0.01 sqrt 2); the estimate's Monte Carlo error from 20,000 draws: 6 standard errors
+    p = norm.cdf(0.02 / (0.01 * np.sqrt(2)))
+    assert prob_greater(x, y) == pytest.approx(p, abs=6 * np.sqrt(p * (1 - p) / 20000))
+    assert prob_greater([1.0, 2.0], [1.0, 2.0]) == pytest.approx(0.5, rel=2 * ops(4, "float64"))  # ties count half
 
 
 def test_fit_bayes_bad_input():

@@ -23,6 +23,7 @@ think in those markers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -185,6 +186,7 @@ class Settled:
     #: ``train`` / ``val`` prompts dropped, ``max_prompt_len`` (the budget applied), ``longest`` (the longest prompt
     #: before dropping, tokens) and ``rule`` ("set", or how ``auto`` decided)
     dropped: dict
+    watch: Any = None  # the ThinkEndWatch of the first batches (with interruption), the trainer's on_batch hook
 
 
 def settle(exp: ExperimentConfig, tok, data, log=print) -> Settled:
@@ -193,7 +195,8 @@ def settle(exp: ExperimentConfig, tok, data, log=print) -> Settled:
     settled for the tokenizer; the interruption length control is built and the completion holds the thinking
     budget, the interruption text's tokens and the answer budget; the prompts are measured (with the bos the
     generator adds), the prompt budget resolved (:func:`resolve_prompt_budget`), at least one training and one
-    validation prompt must fit it (:func:`check_usable`) and the longer ones are dropped and counted."""
+    validation prompt must fit it (:func:`check_usable`) and the longer ones are dropped and counted; with
+    interruption, a :class:`ThinkEndWatch` checks the first batches."""
     from scalerl_jax.data.pipeline import drop_long_prompts
 
     check_row_fits_model(exp)
@@ -217,7 +220,9 @@ def settle(exp: ExperimentConfig, tok, data, log=print) -> Settled:
         log(f"[data] dropped {dropped['train']} training and {dropped['val']} validation prompts longer than "
             f"rollout.max_prompt_len = {budget} tokens (never truncated)")
     exp = R(exp, rollout=R(exp.rollout, max_prompt_len=budget))
-    return Settled(exp, length, data, dropped)
+    watch = (ThinkEndWatch(exp.rollout.length.think_end, functools.partial(tok.decode, skip_special_tokens=False),
+                           log=log) if length is not None else None)
+    return Settled(exp, length, data, dropped, watch)
 
 
 class ThinkEndWatch:

@@ -15,9 +15,12 @@ from scalerl_jax.experiments.presets import ExperimentPlan
 # ---- a run's report.md -------------------------------------------------------------------------------------
 
 
-def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary: dict | None) -> None:
-    """report.md: what ran, the reward curve, the fit and how its half-compute prediction held up."""
+def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary: dict | None, log=print) -> None:
+    """report.md: what ran, the reward curve, the fit and how its half-compute prediction held up; first the live
+    forecast's history goes into ``summary`` and its figure into ``fit/`` (:func:`forecast_report`)."""
     from scalerl_jax.metrics import read_metrics
+
+    forecast_report(run_dir, summary, log=log)
 
     exp = plan.exp
     evals = read_metrics(run_dir, "eval")

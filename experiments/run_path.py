@@ -39,7 +39,7 @@ from scalerl_jax.experiments.base_models import BaseModel, check_model_dir, prep
 from scalerl_jax.experiments.numerics import model_from_checkpoint
 from scalerl_jax.experiments.preflight import check_programs
 from scalerl_jax.experiments.presets import ExperimentPlan
-from scalerl_jax.experiments.report import forecast_report, write_report
+from scalerl_jax.experiments.report import write_report
 from scalerl_jax.experiments.store import FINISHED, check_run_dir
 
 from scalerl_jax.config import ConfigError, ExperimentConfig, forecast_runs, generator_model
@@ -447,9 +447,7 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
             from scalerl_jax.rewards import score as default_score
 
             score = functools.partial(default_score, code_pool=pool)
-        lc = exp.rollout.length
-        watch = (budgets.ThinkEndWatch(lc.think_end, functools.partial(tok.decode, skip_special_tokens=False), log=log)
-                 if lc.kind == "interruption" else None)
+        watch = settled.watch
         trainer = build_trainer(plan, base.dir, data, tok=tok, generators=gens, resume=resume, log=log,
                                 channel=channel, score=score, on_batch=watch, forecast=live)
         if watch is not None:
@@ -474,7 +472,6 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
                    sandbox={**sandbox, **({"runs": pool.stats()} if pool is not None else {})},
                    tasks={t: {"weight": (data.weights or {t: 1.0})[t], "n_train": sum(p.task == t for p in data.train),
                               "n_val": sum(p.task == t for p in data.val)} for t in data.tasks})
-    forecast_report(run_dir, summary, log=log)
     fit_summary = None
     if fit:
         from scalerl_jax.scaling.report import fit_runs
@@ -490,7 +487,7 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
             fit_summary = {"error": f"{type(e).__name__}: {e}"}
     summary["total_seconds"] = time.time() - t_start
     summary["ok"] = True
-    write_report(run_dir, plan, summary, fit_summary)
+    write_report(run_dir, plan, summary, fit_summary, log=log)  # with the live forecast's history and figure
     # the last file the run writes: it marks the run finished (experiments.store.is_finished)
     (run_dir / FINISHED).write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
     return summary

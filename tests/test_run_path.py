@@ -110,7 +110,8 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
     tok = HFTokenizer(str(tok_dir))
     plan = _plan(tmp_path, path=str(path), template="{question}", val_size=10, seed=0)
     budget = 30
-    exp = R(plan.exp, rollout=R(plan.exp.rollout, max_prompt_len=budget))
+    # settle checks every length: room for this tokenizer's 7-token interruption text in the completion
+    exp = R(plan.exp, rollout=R(plan.exp.rollout, max_prompt_len=budget, max_new_tokens=48))
     settled = settle(exp, tok, load_prompts(exp, tok), log=lambda s: None)
     data, dropped = settled.data, settled.dropped
     # independent count: transformers' tokenizer over the same directory, plus the bos the producer prepends

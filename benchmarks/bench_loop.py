@@ -15,7 +15,7 @@ invocation's page faults and kernel CPU seconds per RL step (glibc's huge pages 
     .venv/bin/python -m benchmarks.bench_loop --presets tiny --steps 24 --set train.eval_every=8
 
 The first ``--skip`` steps (compilation) are reported apart. A preset's warm start is trained once into
-``--out/warmstart_<preset>`` and reused by later invocations (the key of experiments.common.warm_start_key).
+``--out/warmstart_<preset>`` and reused by later invocations (the key of experiments.base_models.warm_start_key).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
 def run_preset(preset: str, steps: int, out: Path, sets: list[str]) -> tuple[list[dict], int]:
     """Run ``steps`` RL steps of ``preset`` into ``out/<preset>`` (parsed as ``python -m experiments.math_8b
     --preset PRESET --steps STEPS --set ...`` would be); its metrics rows and its eval_every."""
-    from scalerl_jax.experiments.math_8b import apply_run_flags, parse_run_args
+    from scalerl_jax.experiments.cli import apply_run_flags, parse_run_args
     from scalerl_jax.experiments.run_path import run_experiment
 
     argv = ["--preset", preset, "--steps", str(steps), *[x for kv in sets for x in ("--set", kv)]]

@@ -37,10 +37,58 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from scalerl_jax.experiments.common import WARM_HEAD_DTYPE, ExperimentPlan, _shared_warm_start, warm_start_key
+from scalerl_jax.experiments.presets import ExperimentPlan
 
 from scalerl_jax.config import ConfigError
+
+WARM_HEAD_DTYPE = "float32"  # the supervised warm start always trains with ScaleRL's FP32 head
+
+
+def warm_start_key(plan: ExperimentPlan) -> dict[str, Any]:
+    """Everything the supervised warm start depends on, as JSON: two plans with equal keys start RL from the same
+    weights. The warm start trains with an FP32 LM head whatever the RL recipe's ``head_dtype``, so the
+    ``bf16_head`` variant shares ScaleRL's warm start (as the paper's variants share one base model)."""
+    exp = plan.exp
+    model = {k: v for k, v in dataclasses.asdict(exp.model).items() if k != "head_dtype"}  # always WARM_HEAD_DTYPE
+    return json.loads(json.dumps({
+        "model": model, "data": {"source": exp.data.source, "seed": exp.data.seed, "n_train": exp.data.n_train,
+                                 "val_size": exp.data.val_size,
+                                 **({"code_source": exp.data.code_source, "code_val_size": exp.data.code_val_size}
+                                    if exp.data.code_source != "none" else {}),
+                                 **({"chain_depths": [exp.data.chain_depth_lo, exp.data.chain_depth_hi]}
+                                    if exp.data.source == "chain" else {}),
+                                 **({"arith_b_max": exp.data.arith_b_max}
+                                    if exp.data.source == "arith" and exp.data.arith_b_max != 99 else {})},
+        "seed": exp.train.seed, "seq_len": plan.warm_seq_len, "steps": plan.warm_steps, "batch": plan.warm_batch,
+        "lr": plan.warm_lr, "warmup": plan.warm_warmup, "unmarked_frac": plan.warm_unmarked_frac,
+        "base_kind": plan.base_kind,
+        **({"n_problems": plan.n_problems, "bpe_vocab": plan.bpe_vocab, "b_max": plan.arith_b_max,
+            "template": exp.data.template} if plan.base_kind == "word_arith" else {}),
+        **({"n_problems": plan.n_problems} if plan.base_kind == "char_chain" else {})},
+        default=str))
+
+
+def _json_diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ (``model.d_model``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _json_diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
+    return [] if a == b else [path or "<root>"]
+
+
+def shared_warm_start(plan: ExperimentPlan, shared: Path) -> Path | None:
+    """The shared warm start's directory if it was finished earlier for the same key; raises if its key differs."""
+    key_file = shared / "warmstart_key.json"
+    if not (shared / "config.json").exists() or not key_file.exists():
+        return None
+    have, want = json.loads(key_file.read_text()), warm_start_key(plan)
+    if have != want:
+        raise ConfigError(f"shared warm start {shared} was made for different settings (differs in: "
+                          f"{', '.join(_json_diff(have, want))}); use another --out for these settings (the runs "
+                          "already in this one started from that warm start)")
+    return shared
 
 
 @dataclass(frozen=True)
@@ -90,7 +138,7 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
                           "checkpoint directory with its tokenizer.json)")
     ws_dir = Path(warm_dir) if warm_dir is not None else run_dir / "warmstart"
     data_path = str(ws_dir / "word_arith.jsonl") if plan.base_kind == "word_arith" else None
-    shared = _shared_warm_start(plan, ws_dir) if warm_dir is not None else None
+    shared = shared_warm_start(plan, ws_dir) if warm_dir is not None else None
     # a shared warm start is reused only once its key file marks it finished and matching
     if shared is not None or (warm_dir is None and resume and (ws_dir / "tokenizer.json").exists()
                               and (ws_dir / "config.json").exists()):
@@ -99,7 +147,7 @@ def prepare_base(plan: ExperimentPlan, run_dir: Path, *, warm_dir: Path | None =
     if plan.base_kind not in ("char_arith", "char_mathcode", "char_chain", "word_arith"):
         raise ConfigError(f"ExperimentPlan.base_kind: unknown {plan.base_kind!r}")
     key = warm_start_key(plan)
-    cached = _cached_warm_start(key)
+    cached = cached_warm_start(key)
     if cached is not None:
         if ws_dir.exists():
             shutil.rmtree(ws_dir)
@@ -130,17 +178,19 @@ def warm_cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalerl_jax" / "warmstarts"
 
 
-# the code a warm start depends on (packages and modules, by import name): a change in any of their files makes the
-# cached warm starts stale. experiments.common holds the warm start's key and WARM_HEAD_DTYPE.
-_WARM_CODE = ("scalerl_jax.data", "scalerl_jax.models", "scalerl_jax.train", "scalerl_jax.experiments.base_models",
-              "scalerl_jax.experiments.common")
+#: the code a warm start depends on (packages and modules, by import name): a change in any of their files makes the
+#: cached warm starts stale. This module holds the key, the makers and WARM_HEAD_DTYPE; scalerl_jax.config the
+#: defaults of what the makers build (the warm start's TrainConfig); sharding and kernels are what the model's layers
+#: call. tests/test_base_models.py checks that a warm start imports no other module of the project.
+WARM_CODE = ("scalerl_jax.config", "scalerl_jax.sharding", "scalerl_jax.kernels", "scalerl_jax.data",
+             "scalerl_jax.models", "scalerl_jax.train", "scalerl_jax.experiments.base_models")
 
 
-def _code_digest() -> str:
-    """sha256 over the files of ``_WARM_CODE``, each named by its path inside the package, so that a wheel install
-    and a checkout of the same code agree."""
+def code_digest() -> str:
+    """sha256 over the files of :data:`WARM_CODE`, each named by its path inside the package, so that a wheel
+    install and a checkout of the same code agree."""
     h = hashlib.sha256()
-    for name in _WARM_CODE:
+    for name in WARM_CODE:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             raise RuntimeError(f"the warm start's code {name} is not importable")
@@ -151,15 +201,16 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def _key_hash(key: dict) -> str:
-    """The cache folder's name: the settings (``key``) and the code that trains on them."""
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode() + _code_digest().encode()).hexdigest()[:16]
+def cache_name(key: dict) -> str:
+    """The cache folder of a warm start made with ``key`` (:func:`warm_start_key`): a hash of the settings and of
+    the code that trains on them (:func:`code_digest`)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode() + code_digest().encode()).hexdigest()[:16]
 
 
-def _cached_warm_start(key: dict) -> Path | None:
+def cached_warm_start(key: dict) -> Path | None:
     """The cached warm start made with ``key`` (its key file equal, not just its hash), or None."""
     root = warm_cache_dir()
-    d = root / _key_hash(key) if root is not None else None
+    d = root / cache_name(key) if root is not None else None
     try:
         if d is None or json.loads((d / "warmstart_key.json").read_text()) != key:
             return None
@@ -174,7 +225,7 @@ def _cache_warm_start(ws_dir: Path, key: dict, log) -> None:
     root = warm_cache_dir()
     if root is None:
         return
-    dest = root / _key_hash(key)
+    dest = root / cache_name(key)
     tmp = root / f".{dest.name}.{os.getpid()}.partial"
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,17 @@
-"""Experiment presets (sizes) and variants (the paper's baselines and ScaleRL's leave-one-out ablations).
+"""The plan of a run (:class:`ExperimentPlan`), its presets (sizes) and variants (the paper's baselines and ScaleRL's
+leave-one-out ablations).
 
 A preset fixes the scale (model, batch, lengths, budgets); a variant swaps recipe components. Every
-combination builds a valid :class:`ExperimentPlan`.
+combination builds a valid :class:`ExperimentPlan` (:func:`build_plan`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from scalerl_jax.experiments.common import ExperimentPlan
+from scalerl_jax.experiments import budgets
 
 from scalerl_jax.config import (
     DataConfig,
@@ -36,6 +38,34 @@ from scalerl_jax.models.presets import (
 )
 
 R = dataclasses.replace
+
+
+@dataclass(frozen=True)
+class ExperimentPlan:
+    """An ExperimentConfig plus what the run needs around it (warm start, lengths, the base model)."""
+
+    exp: ExperimentConfig
+    real: bool = False  # needs accelerators (the 8B preset)
+    warm_steps: int = 0  # supervised warm-start steps before RL (tiny); 0 = start from base_model
+    warm_batch: int = 128
+    warm_lr: float = 3e-3
+    warm_warmup: int = 50
+    warm_unmarked_frac: float = 0.0  # warm-start targets that never mark a final answer (see tiny_plan)
+    #: rows of the preset's own supervised warm start (its base model; unused with --model): the preset's budgets,
+    #: fixed apart from the RL run's so that --rollout.* flags and max_prompt_len=auto reuse the same warm start
+    warm_seq_len: int = 40
+    base_model: str | None = None  # HF checkpoint dir of the starting policy (--model); None: the preset makes it
+    base_kind: str = "none"  # how the preset makes its base model: "char_arith", "char_chain", "word_arith"
+    n_problems: int = 14400  # word_arith: problems written to the preset's jsonl; char_chain: warm-start chains
+    arith_b_max: int = 19  # word_arith: a + b * c with b <= this (19: a small multiplication table)
+    bpe_vocab: int = 512  # word_arith: BPE vocabulary trained on that text
+    n_trainer_devices: int = 1
+    variant: str = "scalerl"
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training row (:func:`experiments.budgets.row_len`)."""
+        return budgets.row_len(self.exp)
 
 
 TINY_LR = 5e-5  # the tiny default's RL learning rate (its task: a+b*c with b and c from 2..5 and 2..9)

@@ -35,10 +35,12 @@ from typing import Any
 
 import numpy as np
 from scalerl_jax.experiments import budgets
-from scalerl_jax.experiments.base_models import BaseModel, prepare_base
-from scalerl_jax.experiments.common import ExperimentPlan, write_report
-from scalerl_jax.experiments.numerics import NUMERICS, model_from_checkpoint  # noqa: F401  (re-exported)
+from scalerl_jax.experiments.base_models import BaseModel, check_model_dir, prepare_base
+from scalerl_jax.experiments.numerics import model_from_checkpoint
 from scalerl_jax.experiments.preflight import check_programs
+from scalerl_jax.experiments.presets import ExperimentPlan
+from scalerl_jax.experiments.report import write_report
+from scalerl_jax.experiments.store import FINISHED, check_run_dir
 
 from scalerl_jax.config import ConfigError, ExperimentConfig, forecast_runs, generator_model
 
@@ -65,8 +67,6 @@ def check_urls(urls: tuple[str, ...], timeout_s: float = 10.0) -> None:
 
 def check_inputs(plan: ExperimentPlan) -> None:
     """Model directory, data file and server URLs, before any compute is spent."""
-    from scalerl_jax.experiments.base_models import check_model_dir
-
     from scalerl_jax.data.jsonl import DataError, load_jsonl
 
     exp = plan.exp
@@ -104,7 +104,6 @@ def check_inputs(plan: ExperimentPlan) -> None:
     ro = exp.rollout
     if ro.engine == "sglang" and not ro.sglang_urls and not ro.local_servers:
         raise ConfigError("rollout.engine='sglang' needs --sglang-urls URL [URL ...] or --generators N")
-    budgets.check_completion_budget(exp)  # the interruption text's tokens are added once the tokenizer is loaded
     if ro.sglang_urls:
         check_urls(ro.sglang_urls)
     if exp.forecast.baseline:
@@ -143,63 +142,26 @@ def check_baseline(exp: ExperimentConfig, log=print) -> None:
             "differ): its ceiling may not be comparable")
 
 
-def check_tokenized(exp: ExperimentConfig, tok, base_dir: Path) -> None:
-    """What needs the tokenizer: the chat template exists when asked for, and interruption length control fits
-    ``max_new_tokens`` (thinking budget + the interruption text's tokens + answer budget)."""
+def check_tokenizer(exp: ExperimentConfig, tok, base_dir: Path) -> None:
+    """What needs the tokenizer besides the lengths (:func:`experiments.budgets.settle`): the chat template exists
+    when asked for, and the tokenizer's vocabulary fits the model's."""
     if exp.data.chat_template and getattr(tok, "chat_template", None) is None:
         raise ConfigError(f"data.chat_template=true but {base_dir} has no chat template (tokenizer_config.json "
                           "'chat_template' or chat_template.jinja)")
-    lc = length_control(exp, tok.encode)
-    if lc is not None:
-        budgets.check_completion_budget(exp, len(lc.interruption_ids))
+    if tok.vocab_size > exp.model.vocab_size:
+        raise ConfigError(f"{base_dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
+                          f"{exp.model.vocab_size}")
 
-
-def checkpoint_steps_on_disk(run_dir: Path) -> list[int]:
-    """The step directories under ``run_dir/checkpoints`` (read from the file system; nothing is restored)."""
-    ck = run_dir / "checkpoints"
-    return sorted(int(p.name) for p in ck.iterdir() if p.is_dir() and p.name.isdigit()) if ck.is_dir() else []
-
-
-RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "tensorboard", "summary.json", "report.md", "fit", "weights",
-               "forecast.log")
-
-
-def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, log=print) -> None:
-    """An earlier run's outputs are never lost by accident: a fresh start in a directory that holds metrics or
-    checkpoints is refused (``--resume`` continues it, ``--overwrite`` deletes them first, naming what it deletes);
-    ``--resume`` with metrics but no checkpoint to continue from is refused the same way."""
-    metrics = run_dir / "metrics.jsonl"
-    rows = sum(1 for line in open(metrics) if line.strip()) if metrics.is_file() else 0
-    steps = checkpoint_steps_on_disk(run_dir)
-    if (resume and steps) or (not rows and not steps):
-        return
-    present = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
-    what = ", ".join(str(p) for p in present)
-    if overwrite:
-        import shutil
-
-        log(f"[run] --overwrite: deleting the earlier run's {what}")
-        for p in present:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return
-    held = f"metrics.jsonl with {rows} rows" + (f" and checkpoints of steps {steps}" if steps else "")
-    if resume:
-        raise ConfigError(f"--resume: {run_dir} has no checkpoint to continue from, but holds {held} of an earlier "
-                          f"run; pass --overwrite to start over (deletes {what}) or --out NEW_DIR")
-    raise ConfigError(f"{run_dir} already holds an earlier run ({held}); pass --resume to continue it, --overwrite "
-                      f"to start over (deletes {what}), or --out NEW_DIR")
 
 
 # ---- prompts -----------------------------------------------------------------------------------------------
 
 
-def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
-    """Training and validation problems rendered for ``tok`` (template or chat template), without the ones over
-    the prompt budget (``rollout.max_prompt_len``, or for ``auto`` the one measured here:
-    :func:`experiments.budgets.resolve_prompt_budget`); returns (PromptData, counts): ``train`` / ``val`` dropped,
-    ``max_prompt_len`` (the budget applied), ``longest`` (the longest prompt before dropping, tokens) and ``rule``."""
+def load_prompts(exp: ExperimentConfig, tok):
+    """Training and validation problems rendered for ``tok`` (template or chat template), all of them: the prompt
+    budget is applied by :func:`experiments.budgets.settle`, which measures them."""
     from scalerl_jax.data.jsonl import make_prompt
-    from scalerl_jax.data.pipeline import drop_long_prompts, from_config
+    from scalerl_jax.data.pipeline import from_config
 
     dc = exp.data
 
@@ -210,31 +172,18 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
         return lambda q: make_prompt(q, template)
 
     code_render = renderer(dc.code_template) if dc.code_source == "jsonl" else None
-    source = dc.path or dc.source
     try:
         if dc.source in ("arith", "chain"):  # synthetic prompts are already model text
-            data = from_config(dc, code_render=code_render)
-        else:
-            data = from_config(dc, template=renderer(dc.template), code_render=code_render)
+            return from_config(dc, code_render=code_render)
+        return from_config(dc, template=renderer(dc.template), code_render=code_render)
     except ValueError as e:  # a split the data cannot give (the jsonl case is checked before compute)
-        raise ConfigError(f"{source}: {e} (data.val_size {dc.val_size}, data.code_val_size {dc.code_val_size})"
-                          ) from None
+        raise ConfigError(f"{dc.path or dc.source}: {e} (data.val_size {dc.val_size}, data.code_val_size "
+                          f"{dc.code_val_size})") from None
 
-    lengths: dict[int, int] = {}
-    for p in (*data.train, *data.val):
-        ids = tok.encode(p.prompt)
-        lengths[p.prompt_id] = len(ids) + (bos_id is not None and ids[:1] != [bos_id])
-    budget, rule = budgets.resolve_prompt_budget(exp, list(lengths.values()))
-    budgets.check_usable(exp, budget, [lengths[p.prompt_id] for p in data.train],
-                         [lengths[p.prompt_id] for p in data.val], source)
-    data, dropped = drop_long_prompts(data, lambda p: lengths[p.prompt_id], budget)
-    dropped = {**dropped, "max_prompt_len": budget, "longest": max(lengths.values()), "rule": rule}
-    if rule != "set":
-        log(f"[data] rollout.max_prompt_len=auto: {budget} tokens ({rule[len('auto: '):]}); training rows "
-            f"{budget} + {exp.rollout.max_new_tokens} = {budget + exp.rollout.max_new_tokens} tokens")
-    if dropped["train"] or dropped["val"]:
-        log(f"[data] dropped {dropped['train']} training and {dropped['val']} validation prompts longer than "
-            f"rollout.max_prompt_len = {budget} tokens (never truncated)")
+
+def log_prompts(exp: ExperimentConfig, data, log=print) -> None:
+    """What the run trains and validates on, after the prompt budget."""
+    dc = exp.data
     if len(data.train) < exp.rollout.prompts_per_batch:
         log(f"[data] warning: {len(data.train)} training prompts, fewer than one batch of rollout.prompts_per_batch "
             f"= {exp.rollout.prompts_per_batch}: every batch repeats prompts")
@@ -245,7 +194,6 @@ def load_prompts(exp: ExperimentConfig, tok, bos_id: int | None, log=print):
         v = {t: sum(p.task == t for p in data.val) for t in data.tasks}
         log("[data] tasks: " + "; ".join(f"{t} {n[t]} train / {v[t]} val, weight {data.weights[t]:.2f}"
                                          for t in data.tasks))
-    return data, dropped
 
 
 # ---- the code reward's sandbox -----------------------------------------------------------------------------
@@ -277,10 +225,12 @@ def code_pool(exp: ExperimentConfig, log=print):
 
 @dataclass
 class Generators:
-    """The train and eval generators of a run, the generator devices to count, and what to close at the end."""
+    """The train and eval generators of a run, the length control they generate under (the trainer's too), the
+    generator devices to count, and what to close at the end."""
 
     train: Any
     eval: Any
+    length: Any = None  # the run's LengthControl (experiments.budgets.settle), None without interruption
     devices: int = 0  # 0: they share the trainer's devices
     fleet: Any = None
     stack: ExitStack = field(default_factory=ExitStack)
@@ -293,19 +243,6 @@ class Generators:
         finally:
             self.stack.close()
 
-
-def length_control(exp: ExperimentConfig, encode):
-    from scalerl_jax.rollout.protocol import LengthControl
-
-    lc = exp.rollout.length
-    if lc.kind != "interruption":
-        return None
-    if budgets.AUTO in (lc.think_end, lc.interruption_text):
-        raise ConfigError("rollout.length.think_end / interruption_text 'auto' are settled from the tokenizer "
-                          "(experiments.budgets.resolve_markers) before length control is built")
-    return LengthControl(think_end_ids=tuple(encode(lc.think_end)),
-                         interruption_ids=tuple(encode(lc.interruption_text)),
-                         budget_lo=lc.think_budget_lo, budget_hi=lc.think_budget_hi, answer_budget=lc.answer_budget)
 
 
 def reward_transform(exp: ExperimentConfig):
@@ -339,12 +276,12 @@ def build_generators(plan: ExperimentPlan, params, *, base_dir: Path | None, run
                           seed=exp.train.seed)
         ev = JaxEngine(gen_cfg, host, max_batch=min(1024, n_val * exp.train.eval_samples), max_len=plan.seq_len,
                        decode_chunk=ro.decode_chunk, seed=exp.train.seed + 1)
-        return Generators(train, ev)
+        return Generators(train, ev, length)
     from scalerl_jax.rollout.client import RemoteGenerator, SGLangGenerator
 
     if base_dir is None:
         raise ConfigError("an SGLang fleet needs the base model as an HF directory (with tokenizer.json)")
-    gens = Generators(None, None)
+    gens = Generators(None, None, length)
     urls = tuple(ro.sglang_urls)
     try:
         if ro.local_servers:
@@ -391,7 +328,7 @@ def build_trainer(plan: ExperimentPlan, params, data, *, tok, generators: Genera
 
     exp = plan.exp
     run_dir = Path(exp.out_dir)
-    length = length_control(exp, tok.encode)
+    length = budgets.length_control(exp, tok.encode) if generators is None else generators.length
     on_disk = isinstance(params, (str, Path))
     gens = generators or build_generators(plan, None if on_disk else params, base_dir=base_dir, run_dir=run_dir,
                                           n_val=len(data.val), length=length, log=log)
@@ -438,32 +375,6 @@ def run_experiment(plan: ExperimentPlan, *, resume: bool = False, fit: bool = Tr
     return out
 
 
-def forecast_report(run_dir: Path, summary: dict, log=print) -> None:
-    """The live forecast's history into ``summary`` ("forecast_history", "forecast_baseline") and its figure into
-    ``run_dir/fit/forecast.png``."""
-    from scalerl_jax.metrics import read_metrics
-    from scalerl_jax.scaling.forecast import forecast_history
-
-    rows = read_metrics(run_dir)
-    forecasts = [r for r in rows if r.get("kind") == "forecast"]
-    evals = [r for r in rows if r.get("kind") == "eval"]
-    if not forecasts:
-        return
-    key = forecasts[-1].get("compute_key", "device_hours")
-    last = evals[-1] if evals else {}
-    h = forecast_history(forecasts, last.get(key), last.get("val_reward"))
-    summary["forecast_history"] = h
-    if "P_A_gt_baseline" in forecasts[-1]:
-        f = forecasts[-1]
-        summary["forecast_baseline"] = {"dir": summary.get("baseline_dir"), **{
-            k: f[k] for k in ("baseline_A_mean", "P_A_gt_baseline", "P_B_gt_baseline", "baseline_rule")}}
-    try:
-        from scalerl_jax.scaling.plots import plot_forecast, save
-
-        save(plot_forecast(h, compute_label=key), run_dir / "fit", "forecast")
-    except Exception as e:  # noqa: BLE001 -- a figure is never a reason to lose the run's summary
-        log(f"[run] forecast figure failed: {type(e).__name__}: {e}")
-
 
 def _lead(plan: ExperimentPlan, *, resume: bool, fit: bool, log, warm_dir: Path | None, channel,
           overwrite: bool = False) -> dict[str, Any]:
@@ -501,17 +412,14 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
     if base.data_path is not None and not exp.data.path:
         data_cfg = R(exp.data, source="jsonl", path=base.data_path)
     exp = R(exp, model=model_from_checkpoint(exp.model, ckpt_cfg), data=data_cfg)
-    budgets.check_row_fits_model(exp)
     tok = HFTokenizer(str(base.dir))
-    if tok.vocab_size > exp.model.vocab_size:
-        raise ConfigError(f"{base.dir}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
-                          f"{exp.model.vocab_size}")
+    check_tokenizer(exp, tok, base.dir)
     tok.model_vocab_size = exp.model.vocab_size  # ids past the tokenizer's are the checkpoint's padding rows
-    exp = budgets.resolve_markers(exp, tok, log=log)
-    check_tokenized(exp, tok, base.dir)
-    data, dropped = load_prompts(exp, tok, tok.bos_id, log=log)
     asked = exp.rollout.max_prompt_len
-    exp = R(exp, rollout=R(exp.rollout, max_prompt_len=dropped["max_prompt_len"]))  # auto: the measured budget
+    # every length of the run, in one call: context, markers, length control, completion and prompt budgets
+    settled = budgets.settle(exp, tok, load_prompts(exp, tok), log=log)
+    exp, length, data, dropped = settled.exp, settled.length, settled.data, settled.dropped
+    log_prompts(exp, data, log=log)
     plan = R(plan, exp=exp)
     pool, sandbox = code_pool(exp, log=log)
     try:
@@ -532,16 +440,14 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
         if pool is not None:
             stack.callback(pool.close)  # last out: after the trainer and the generators
         gens = build_generators(plan, None, base_dir=base.dir, run_dir=run_dir, n_val=len(data.val),
-                                length=length_control(exp, tok.encode), log=log)
+                                length=length, log=log)
         stack.callback(gens.close)
         score = None
         if pool is not None:
             from scalerl_jax.rewards import score as default_score
 
             score = functools.partial(default_score, code_pool=pool)
-        lc = exp.rollout.length
-        watch = (budgets.ThinkEndWatch(lc.think_end, functools.partial(tok.decode, skip_special_tokens=False), log=log)
-                 if lc.kind == "interruption" else None)
+        watch = settled.watch
         trainer = build_trainer(plan, base.dir, data, tok=tok, generators=gens, resume=resume, log=log,
                                 channel=channel, score=score, on_batch=watch, forecast=live)
         if watch is not None:
@@ -566,7 +472,6 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
                    sandbox={**sandbox, **({"runs": pool.stats()} if pool is not None else {})},
                    tasks={t: {"weight": (data.weights or {t: 1.0})[t], "n_train": sum(p.task == t for p in data.train),
                               "n_val": sum(p.task == t for p in data.val)} for t in data.tasks})
-    forecast_report(run_dir, summary, log=log)
     fit_summary = None
     if fit:
         from scalerl_jax.scaling.report import fit_runs
@@ -582,6 +487,57 @@ def _train_and_report(plan: ExperimentPlan, *, resume: bool, fit: bool, log, war
             fit_summary = {"error": f"{type(e).__name__}: {e}"}
     summary["total_seconds"] = time.time() - t_start
     summary["ok"] = True
-    (run_dir / "summary.json").write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
-    write_report(run_dir, plan, summary, fit_summary)
+    write_report(run_dir, plan, summary, fit_summary, log=log)  # with the live forecast's history and figure
+    # the last file the run writes: it marks the run finished (experiments.store.is_finished)
+    (run_dir / FINISHED).write_text(json.dumps({"run": summary, "fit": fit_summary}, indent=2, default=float))
     return summary
+
+
+# ---- dry run of a real preset ------------------------------------------------------------------------------
+
+
+def dry_run(plan: ExperimentPlan, *, devices: int | None = None, device_memory_gb: float | None = None) -> int:
+    """Validate the configuration and AOT-compile the train state's initialisation and the RL train step on an
+    abstract mesh (subprocess with simulated CPU devices when no accelerators are present), printing per-device
+    memory. ``devices`` (default: the preset's trainer devices) and ``device_memory_gb`` (default: a GB200's)
+    describe the user's own topology."""
+    if devices is not None:
+        plan = dataclasses.replace(plan, n_trainer_devices=int(devices))
+    import os
+    import subprocess
+    import sys
+
+    exp = plan.exp
+    try:
+        budgets.check_config(exp)
+    except ConfigError as e:
+        print(f"[dry-run] error: {e}")
+        return 2
+    if exp.rollout.max_prompt_len == "auto":  # no data here: compile for the longest prompt the model's context allows
+        cap = budgets.prompt_cap(exp)
+        print(f"[dry-run] rollout.max_prompt_len=auto is measured from the data; compiling for its cap {cap} "
+              "(model.max_seq_len - rollout.max_new_tokens)")
+        plan = dataclasses.replace(plan, exp=dataclasses.replace(
+            exp, rollout=dataclasses.replace(exp.rollout, max_prompt_len=cap)))
+        exp = plan.exp
+    print(f"[dry-run] {exp.name}: model {exp.model.num_params() / 1e9:.2f}B params, batch "
+          f"{exp.rollout.prompts_per_batch} x {exp.rollout.group_size}, lr {exp.train.lr} (warm-up "
+          f"{exp.train.warmup_steps}), adam eps {exp.train.adam_eps}, wd {exp.train.weight_decay}, "
+          f"{exp.loss.kind} eps_max {exp.loss.eps_max}, {exp.rollout.mode}-{exp.rollout.k}, thinking budget "
+          f"U[{exp.rollout.length.think_budget_lo}, {exp.rollout.length.think_budget_hi}] + "
+          f"{exp.rollout.length.answer_budget} answer, seq {plan.seq_len}")
+    n_rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    dp = plan.n_trainer_devices // max(exp.mesh.tensor, 1)  # batch axes: data x fsdp x expert
+    if n_rows % (exp.train.microbatches * dp):
+        print(f"[dry-run] error: {n_rows} rows do not split into {exp.train.microbatches} micro-batches x {dp} shards")
+        return 2
+    # the resolved configuration itself goes to the compiler: loss, head dtype, model fields, micro-batches, mesh
+    out = Path(exp.out_dir) / "dry_run"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(exp), indent=2))
+    cmd = [sys.executable, "-m", "scalerl_jax.aot", "--config", str(out / "config.json"), "--devices",
+           str(plan.n_trainer_devices), "--seq-len", str(plan.seq_len),
+           "--seqs-per-shard", str(n_rows // (exp.train.microbatches * dp)), "--json", str(out / "aot.json")]
+    if device_memory_gb is not None:
+        cmd += ["--device-memory-gb", str(device_memory_gb)]
+    return subprocess.call(cmd, env=dict(os.environ))

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import sys
 
-from scalerl_jax.experiments.math_8b import main as _main
+from scalerl_jax.experiments.cli import run_command
 from scalerl_jax.experiments.presets import MOE_PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (``--help``); returns the exit status."""
-    return _main(argv, presets=MOE_PRESETS, real_preset="scout", cpu_preset="tiny_moe",
-                 prog="python -m experiments.scout_moe", doc=__doc__)
+    return run_command(argv, presets=MOE_PRESETS, real_preset="scout", cpu_preset="tiny_moe",
+                       prog="python -m experiments.scout_moe", doc=__doc__)
 
 
 if __name__ == "__main__":

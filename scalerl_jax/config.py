@@ -635,11 +635,6 @@ def _field_from_json(typ: Any, value: Any) -> Any:
     return value
 
 
-def replace(cfg, **changes):
-    """``dataclasses.replace`` re-exported so experiments need one import."""
-    return dataclasses.replace(cfg, **changes)
-
-
 def completion_budget_error(max_new_tokens: int, budget_hi: int, interruption_tokens: int,
                             answer_budget: int) -> str | None:
     """The one budget rule of interruption length control: ``max_new_tokens`` must hold the longest thinking

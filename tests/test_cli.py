@@ -22,7 +22,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from scalerl_jax.experiments import loo, math_8b, scout_moe
+from scalerl_jax.experiments import cli, loo, math_8b, scout_moe
 from scalerl_jax.experiments.presets import PRESETS, build_plan
 
 from scalerl_jax import config, fit, serve
@@ -163,7 +163,7 @@ def test_help_lists_every_config_field_with_its_type_and_doc(module, preset):
         assert "--model.rope-scaling.factor FLOAT" in entries["--model.rope-scaling.factor"]
 
 
-@pytest.mark.parametrize("module, args_type", [("experiments.math_8b", math_8b.RunArgs),
+@pytest.mark.parametrize("module, args_type", [("experiments.math_8b", cli.RunArgs),
                                                ("experiments.loo", loo.LooArgs),
                                                ("scalerl_jax.serve", serve.ServeArgs),
                                                ("scalerl_jax.fit", fit.FitArgs)])
@@ -229,7 +229,7 @@ def test_a_bad_command_exits_2_naming_the_field_and_what_it_accepts(module, argv
 
 def test_set_is_an_alias_of_the_field_flags():
     def exp_of(*argv):
-        args, _ = math_8b.parse_run_args(list(argv), "tiny", "scalerl", 0, presets=PRESETS, prog="t", doc="")
+        args, _ = cli.parse_run_args(list(argv), "tiny", "scalerl", 0, presets=PRESETS, prog="t", doc="")
         return args.exp
 
     via_set = exp_of("--set", "train.lr=2e-4", "--set", "rollout.k=4", "--set", "loss.kind=dapo", "--set=data.npr=off",

@@ -6,8 +6,10 @@ import json
 
 import pytest
 from scalerl_jax.experiments import loo, presets
-from scalerl_jax.experiments.common import _shared_warm_start, warm_start_key
+from scalerl_jax.experiments.base_models import shared_warm_start, warm_start_key
 from scalerl_jax.experiments.presets import build_plan
+from scalerl_jax.experiments.report import compare
+from scalerl_jax.experiments.store import config_differences
 
 from scalerl_jax.config import ConfigError
 from tests.conftest import printed_json
@@ -46,13 +48,13 @@ def test_warm_start_key_ignores_only_the_head_dtype():
 
 def test_shared_warm_start_refuses_another_key(tmp_path):
     plan = build_plan("tiny", "scalerl", seed=0)
-    assert _shared_warm_start(plan, tmp_path) is None  # nothing there yet
+    assert shared_warm_start(plan, tmp_path) is None  # nothing there yet
     (tmp_path / "config.json").write_text("{}")
-    assert _shared_warm_start(plan, tmp_path) is None  # a half-written warm start (no key file) is not reused
+    assert shared_warm_start(plan, tmp_path) is None  # a half-written warm start (no key file) is not reused
     (tmp_path / "warmstart_key.json").write_text(json.dumps(warm_start_key(plan)))
-    assert _shared_warm_start(plan, tmp_path) == tmp_path
+    assert shared_warm_start(plan, tmp_path) == tmp_path
     with pytest.raises(ConfigError, match=r"differs in: data\.seed, seed\)"):
-        _shared_warm_start(build_plan("tiny", "scalerl", seed=1), tmp_path)
+        shared_warm_start(build_plan("tiny", "scalerl", seed=1), tmp_path)
 
 
 def micro_study(out_dir: str) -> dict:
@@ -137,7 +139,7 @@ def test_compare_ranks_ceilings_and_lists_unfittable_runs(tmp_path):
     ref = _write_curve(runs / "scalerl_s0", A=0.8, noise=0.01, seed=1)
     low = _write_curve(runs / "no_npr_s0", A=0.5, noise=0.01, seed=2)
     _write_curve(runs / "dapo_s0", A=0.8, n=3)  # too short to fit
-    summary = loo.compare([runs / "scalerl_s0", runs / "no_npr_s0", runs / "dapo_s0"], tmp_path / "cmp",
+    summary = compare([runs / "scalerl_s0", runs / "no_npr_s0", runs / "dapo_s0"], tmp_path / "cmp",
                           compute_key="device_hours")
     assert set(summary["runs"]) == {"scalerl_s0", "no_npr_s0"} and "dapo_s0" in summary["not_fitted"]
     a = {n: e["bayes"].get("summary", e["bayes"])["A"]["mean"] for n, e in summary["runs"].items()}
@@ -156,13 +158,13 @@ def test_compare_ranks_ceilings_and_lists_unfittable_runs(tmp_path):
     assert "not fitted" in rows["dapo_s0"][4]
     assert (tmp_path / "cmp" / "curves.png").stat().st_size > 0  # no_npr's panel over ScaleRL's curve
     with pytest.raises(ValueError, match=r"fit_until .* got 1.5"):
-        loo.compare([runs / "scalerl_s0"], tmp_path / "cmp2", fit_until=1.5)
+        compare([runs / "scalerl_s0"], tmp_path / "cmp2", fit_until=1.5)
 
 
 def test_compare_writes_its_table_when_nothing_can_be_fitted(tmp_path):
     _write_curve(tmp_path / "scalerl_s0", A=0.8, n=3)
     (tmp_path / "gspo_s0").mkdir()  # a run that never wrote metrics
-    summary = loo.compare([tmp_path / "scalerl_s0", tmp_path / "gspo_s0"], tmp_path / "new" / "cmp",
+    summary = compare([tmp_path / "scalerl_s0", tmp_path / "gspo_s0"], tmp_path / "new" / "cmp",
                           compute_key="device_hours")
     assert summary["runs"] == {} and set(summary["not_fitted"]) == {"scalerl_s0", "gspo_s0"}
     table = (tmp_path / "new" / "cmp" / "comparison.md").read_text()
@@ -229,7 +231,7 @@ def seeds_compared(out_dir: str) -> dict:
         for variant, a in (("scalerl", 0.8), ("gspo", 0.55)):
             _write_curve(runs / f"{variant}_s{seed}", A=a + 0.01 * seed, n=24, noise=0.005, seed=10 * seed + len(dirs))
             dirs.append(runs / f"{variant}_s{seed}")
-    summary = loo.compare(dirs, Path(out_dir) / "cmp", compute_key="device_hours", fit_until=0.5)
+    summary = compare(dirs, Path(out_dir) / "cmp", compute_key="device_hours", fit_until=0.5)
     return {"dirs": [str(d) for d in dirs], "cmp": str(Path(out_dir) / "cmp"), "over_seeds": summary["over_seeds"]}
 
 
@@ -329,23 +331,23 @@ def test_config_differences_compare_what_the_plan_decides(tmp_path):
     exp = R(plan.exp, model=model_from_checkpoint(plan.exp.model, ckpt))
     written = {**json.loads(json.dumps(dataclasses.asdict(exp), default=str)), "base_model": str(tmp_path / "model"),
                "sandbox_active": {"isolation": "unused (no code prompts)"}}
-    assert loo.config_differences(plan, written) == []
-    assert loo.config_differences(R(plan, exp=R(plan.exp, out_dir="elsewhere")), written) == []  # where, not what
+    assert config_differences(plan, written) == []
+    assert config_differences(R(plan, exp=R(plan.exp, out_dir="elsewhere")), written) == []  # where, not what
     other = R(plan, exp=R(plan.exp, train=R(plan.exp.train, steps=7, lr=1e-3)))
-    assert loo.config_differences(other, written) == [f"train.lr: ran {plan.exp.train.lr}, planned 0.001",
+    assert config_differences(other, written) == [f"train.lr: ran {plan.exp.train.lr}, planned 0.001",
                                                       f"train.steps: ran {plan.exp.train.steps}, planned 7"]
     bf16 = R(plan, exp=R(plan.exp, model=R(plan.exp.model, head_dtype="bfloat16")))
-    assert loo.config_differences(bf16, written) == ['model.head_dtype: ran "float32", planned "bfloat16"']
+    assert config_differences(bf16, written) == ['model.head_dtype: ran "float32", planned "bfloat16"']
     moved = R(plan, base_model=str(tmp_path / "other"))
-    assert loo.config_differences(moved, written) == [
+    assert config_differences(moved, written) == [
         f'base_model: ran "{tmp_path / "model"}", planned "{tmp_path / "other"}"']
     old = {k: v for k, v in written.items() if k != "loss"}
-    assert loo.config_differences(plan, old)[0].startswith("loss.kind: ran nothing (absent), planned")
+    assert config_differences(plan, old)[0].startswith("loss.kind: ran nothing (absent), planned")
     # the forecast's compute axis and NUTS sizes shape only its rows: still the planned run; a stop rule is not
     fc = plan.exp.forecast
     other_axis = "device_hours" if fc.compute_key == "flops" else "flops"
     analysis = R(plan, exp=R(plan.exp, forecast=R(fc, compute_key=other_axis, num_samples=50, enabled=False)))
-    assert loo.config_differences(analysis, written) == []
+    assert config_differences(analysis, written) == []
     stops = R(plan, exp=R(plan.exp, forecast=R(fc, stop_if_worse=0.9, baseline="runs/base")))
-    assert loo.config_differences(stops, written) == ['forecast.baseline: ran null, planned "runs/base"',
+    assert config_differences(stops, written) == ['forecast.baseline: ran null, planned "runs/base"',
                                                       "forecast.stop_if_worse: ran null, planned 0.9"]

@@ -267,7 +267,7 @@ def test_enable_thinking_reaches_the_prompts_and_needs_the_chat_template(tmp_pat
     exp = dataclasses.replace(plan.exp, data=dataclasses.replace(
         plan.exp.data, path=str(data), val_size=4, chat_template=True, enable_thinking=False),
         rollout=dataclasses.replace(plan.exp.rollout, max_prompt_len=256))
-    prompts, _ = load_prompts(exp, tok, tok.bos_id, log=lambda *a: None)
+    prompts = load_prompts(exp, tok)
     text = prompts.train[0].prompt
     assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 

@@ -18,8 +18,9 @@ import jax
 import numpy as np
 import pytest
 import sglang_router  # noqa: F401 -- a test dependency: missing, these tests fail instead of skipping
+from scalerl_jax.experiments.budgets import settle
 from scalerl_jax.experiments.presets import SMALL_TEMPLATE, build_plan
-from scalerl_jax.experiments.run_path import build_generators, build_trainer, length_control, load_prompts
+from scalerl_jax.experiments.run_path import build_generators, build_trainer, load_prompts
 
 from scalerl_jax.data.tokenizer import HFTokenizer
 from scalerl_jax.data.tokenizer_build import train_bpe_tokenizer
@@ -71,9 +72,10 @@ def _run(base, out, steps, on_batch=None, after=None, state=None, generator_dtyp
     plan = R(plan, exp=R(plan.exp, model=R(cfg, head_dtype="float32"),
                          rollout=R(plan.exp.rollout, generator_dtype=generator_dtype)))
     tok = HFTokenizer(plan.base_model)
-    data, _ = load_prompts(plan.exp, tok, tok.bos_id, log=lambda s: None)
+    settled = settle(plan.exp, tok, load_prompts(plan.exp, tok), log=lambda s: None)
+    data = settled.data
     gens = build_generators(plan, params, base_dir=plan.base_model, run_dir=out, n_val=len(data.val),
-                            length=length_control(plan.exp, tok.encode), log=lambda s: None)
+                            length=settled.length, log=lambda s: None)
     if state is not None:
         state["fleet"] = gens.fleet
     try:

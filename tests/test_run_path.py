@@ -9,8 +9,10 @@ import sys
 import jax
 import pytest
 from scalerl_jax.experiments.base_models import check_model_dir
+from scalerl_jax.experiments.budgets import settle
+from scalerl_jax.experiments.numerics import model_from_checkpoint
 from scalerl_jax.experiments.presets import build_plan
-from scalerl_jax.experiments.run_path import check_inputs, load_prompts, model_from_checkpoint
+from scalerl_jax.experiments.run_path import check_inputs, load_prompts
 
 from scalerl_jax.config import ConfigError
 from scalerl_jax.data.tokenizer import HFTokenizer
@@ -108,8 +110,10 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
     tok = HFTokenizer(str(tok_dir))
     plan = _plan(tmp_path, path=str(path), template="{question}", val_size=10, seed=0)
     budget = 30
-    exp = R(plan.exp, rollout=R(plan.exp.rollout, max_prompt_len=budget))
-    data, dropped = load_prompts(exp, tok, tok.bos_id, log=lambda s: None)
+    # settle checks every length: room for this tokenizer's 7-token interruption text in the completion
+    exp = R(plan.exp, rollout=R(plan.exp.rollout, max_prompt_len=budget, max_new_tokens=48))
+    settled = settle(exp, tok, load_prompts(exp, tok), log=lambda s: None)
+    data, dropped = settled.data, settled.dropped
     # independent count: transformers' tokenizer over the same directory, plus the bos the producer prepends
     from transformers import AutoTokenizer
 
@@ -128,7 +132,7 @@ def test_chat_template_prompts(tmp_path):
                             for i in range(20)))
     tok = HFTokenizer(str(train_bpe_tokenizer(["What is 1+1?"] * 10, tmp_path / "tok", vocab_size=280)))
     plan = _plan(tmp_path, path=str(path), template="Q: {question}", chat_template=True, val_size=5)
-    data, _ = load_prompts(plan.exp, tok, tok.bos_id, log=lambda s: None)
+    data = load_prompts(plan.exp, tok)
     p = data.train[0]
     q = p.prompt.split("Q: ", 1)[1].split("<|eos|>")[0]
     assert p.prompt == f"<|bos|><|user|>\nQ: {q}<|eos|>\n<|assistant|>\n"  # SIMPLE_CHAT_TEMPLATE, by hand
@@ -145,6 +149,6 @@ def test_chat_template_prompts(tmp_path):
     assert list(tokens[0]).count(tok.bos_id) == 1 and tokens[0][0] == tok.bos_id
     # and the plain template gets exactly one bos prepended
     plain = R(plan, exp=R(plan.exp, data=R(plan.exp.data, chat_template=False)))
-    q_plain, _ = load_prompts(plain.exp, tok, tok.bos_id, log=lambda s: None)
+    q_plain = load_prompts(plain.exp, tok)
     ids = prod.requests_for([q_plain.train[0]])[0].prompt_ids
     assert ids[0] == tok.bos_id and ids[1:] == tok.encode(q_plain.train[0].prompt)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scalerl_jax.experiments.run_path import check_run_dir
+from scalerl_jax.experiments.store import check_run_dir
 
 from scalerl_jax.config import ConfigError
 from tests.conftest import HANG_S

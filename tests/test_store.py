@@ -163,6 +163,6 @@ def test_a_stored_config_from_before_a_field_existed_ran_its_old_behaviour(secti
     written = json.loads(json.dumps(dataclasses.asdict(plan.exp), default=str))
     del written[section][field]
     assert getattr(getattr(plan.exp, section), field) == now
-    assert loo.config_differences(plan, written) == [f"{section}.{field}: ran {then}, planned {now}"]
+    assert store.config_differences(plan, written) == [f"{section}.{field}: ran {then}, planned {now}"]
     old = R(plan, exp=R(plan.exp, **{section: R(getattr(plan.exp, section), **{field: then})}))
-    assert loo.config_differences(old, written) == []
+    assert store.config_differences(old, written) == []

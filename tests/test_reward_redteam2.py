@@ -316,25 +316,25 @@ def test_redteam2_as_an_unprivileged_user(mode, unprivileged_run2):
 # ---- the comparison helpers against hand-worked expectations (no sandbox) ----
 
 def test_strict_comparisons_against_hand_worked_cases():
-    from scalerl_jax.rewards import harness as h
+    from scalerl_jax.rewards import strict_compare as sc
 
-    assert h._strict_eq(1, 1.0) and not h._strict_eq(True, 1) and not h._strict_eq([1], (1,))
-    assert not h._strict_eq({True}, {1}) and h._strict_eq({1}, {1.0}) and not h._strict_eq({(True,)}, {(1,)})
-    assert not h._strict_eq({True: 0}, {1: 0}) and h._strict_eq({1: 0}, {1.0: 0})
-    assert not h._strict_eq(math.nan, math.nan)
-    assert h._strict_in(1, [True, 1]) and not h._strict_in(True, [1]) and not h._strict_in(1, {True: 0})
-    assert h._strict_in("b", "abc") and h._strict_in(2, range(3)) and not h._strict_in(True, range(3))
-    assert h._strict_chain(("Lt", "Lt"), 1, lambda: 2, lambda: 3)
+    assert sc._strict_eq(1, 1.0) and not sc._strict_eq(True, 1) and not sc._strict_eq([1], (1,))
+    assert not sc._strict_eq({True}, {1}) and sc._strict_eq({1}, {1.0}) and not sc._strict_eq({(True,)}, {(1,)})
+    assert not sc._strict_eq({True: 0}, {1: 0}) and sc._strict_eq({1: 0}, {1.0: 0})
+    assert not sc._strict_eq(math.nan, math.nan)
+    assert sc._strict_in(1, [True, 1]) and not sc._strict_in(True, [1]) and not sc._strict_in(1, {True: 0})
+    assert sc._strict_in("b", "abc") and sc._strict_in(2, range(3)) and not sc._strict_in(True, range(3))
+    assert sc._strict_chain(("Lt", "Lt"), 1, lambda: 2, lambda: 3)
     calls = []
-    assert not h._strict_chain(("Lt", "Lt"), 3, lambda: calls.append(1) or 2, lambda: calls.append(2) or 9)
+    assert not sc._strict_chain(("Lt", "Lt"), 3, lambda: calls.append(1) or 2, lambda: calls.append(2) or 9)
     assert calls == [1]  # a chain stops at its first false link, as Python's does
     for a, b in ((math.nan, 1.0), (1.0, math.nan), (True, 1), ([1, math.nan], [1, 2])):
-        with pytest.raises(h._Unsound):
-            h._strict_cmp("Gt", a, b)
+        with pytest.raises(sc._Unsound):
+            sc._strict_cmp("Gt", a, b)
     import collections
 
-    assert h._strict_eq(collections.Counter("aab"), {"a": 2, "b": 1})
-    assert h._strict_eq(collections.namedtuple("P", "x")(1), (1,))
+    assert sc._strict_eq(collections.Counter("aab"), {"a": 2, "b": 1})
+    assert sc._strict_eq(collections.namedtuple("P", "x")(1), (1,))
 
 
 # ---- resources the limits did not count: each program tries, and its tests check the sandbox refused ----

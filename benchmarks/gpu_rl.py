@@ -52,20 +52,22 @@ PHASES = ("setup", "aot", "warm_start", "rl", "fit")
 MIN_S = {"gpu": {"setup": 15.0, "aot": 25.0, "warm_start": 50.0, "rl": 80.0, "fit": 25.0},
          "cpu": {"setup": 10.0, "aot": 10.0, "warm_start": 20.0, "rl": 40.0, "fit": 20.0}}
 MAX_S = {"gpu": {"setup": 60.0, "aot": 90.0, "warm_start": 150.0, "rl": 240.0, "fit": 120.0},
-         "cpu": {"setup": 60.0, "aot": 120.0, "warm_start": 300.0, "rl": 600.0, "fit": 300.0}}
+         "cpu": {"setup": 120.0, "aot": 300.0, "warm_start": 900.0, "rl": 900.0, "fit": 600.0}}
 # the phases each phase reads the outputs of
 NEEDS = {"rl": ("warm_start",), "fit": ("rl",)}
 SKIP_STEPS = 2  # the first RL steps (compilation) are left out of the per-step numbers
 FIT_SAMPLES = {"gpu": 1000, "cpu": 300}  # NUTS draws per chain of the final fit (the run path's: 1000)
+# the default budget: with ``gpu_check.sh --quick`` (gpu_check.QUICK_BUDGET_S) inside one 10-minute GPU slot
+DEFAULT_BUDGET_S = 300.0
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------
 
 
 def smoke_plan(seed: int = 0):
-    """The ``gpu_rl`` preset at CPU sizes: the ``tiny`` model on the same task, a warm start of 400 x 64 rows at the
-    tiny preset's rate, 16 RL steps of 16 prompts x 8 at lr 2e-4 (4x tiny's: the rise has 16 steps to show),
-    an eval every 2 steps on 64 prompts x 4 (the first-half fit needs 5 evals)."""
+    """The ``gpu_rl`` preset at CPU sizes: the ``tiny`` model on the same task, a warm start of 500 x 96 rows at the
+    tiny preset's rate, 20 RL steps of 16 prompts x 8 at lr 1e-4 (2x tiny's: the rise has 20 steps to show), an
+    eval every 2 steps on 64 prompts x 4 (the first-half fit needs 5 evals in the first half of the FLOPs)."""
     from scalerl_jax.experiments.presets import gpu_rl_plan, tiny_plan
 
     from scalerl_jax.models.presets import tiny
@@ -75,8 +77,8 @@ def smoke_plan(seed: int = 0):
     exp = R(p.exp, name="scalerl_gpu_rl_smoke", model=tiny(),
             rollout=R(p.exp.rollout, prompts_per_batch=16),
             data=R(p.exp.data, val_size=64),
-            train=R(p.exp.train, lr=2e-4, steps=16, eval_every=2, checkpoint_every=16))
-    return R(p, exp=exp, warm_steps=400, warm_batch=64, warm_lr=t.warm_lr, warm_warmup=t.warm_warmup)
+            train=R(p.exp.train, lr=1e-4, steps=20, eval_every=2, checkpoint_every=20))
+    return R(p, exp=exp, real=False, warm_steps=500, warm_batch=96, warm_lr=t.warm_lr, warm_warmup=t.warm_warmup)
 
 
 def plan_for(gpu: bool, seed: int, work: Path):
@@ -365,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="the same phases on the CPU at tiny sizes")
     ap.add_argument("--out", default="gpu_rl.json", help="JSON, rewritten after every phase")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="wall budget for every phase together")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall budget for every phase "
+                    "together, compilation included")
     ap.add_argument("--work", default=None, help="run directory (default runs/gpu_rl, runs/gpu_rl_smoke)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phase", choices=PHASES, default=None, help=argparse.SUPPRESS)

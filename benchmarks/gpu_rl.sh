@@ -4,17 +4,19 @@
 #
 #     bash benchmarks/gpu_rl.sh [--out FILE.json] [--budget-s 300] [more benchmarks/gpu_rl.py flags]
 #     bash benchmarks/gpu_rl.sh --cpu-smoke [--out FILE.json]   # the same phases, tiny model, on the CPU
+#     bash benchmarks/gpu_check.sh --quick && bash benchmarks/gpu_rl.sh   # with the GPU check in one 10-minute slot
 #
 # 1. Python: $PYTHON, else python3. The project runs from this checkout through PYTHONPATH (nothing built).
-# 2. Packages: the run path needs, beyond the GPU image's jax / numpy / optax / safetensors / ml_dtypes /
-#    orbax-checkpoint / numpyro, the command-line layer's tyro and the tokenizers library (the preset's character
-#    tokenizer is a tokenizer.json). A missing one is installed as benchmarks/gpu_check.sh does: from wheels in
-#    ./.whl (pip install --no-index --no-deps --target $GPU_CHECK_SITE, default /tmp/gpu_check_site; BUILD.md
-#    "GPU check" says how to download them), else from the package index. Still missing: exit status 2.
+# 2. Packages: the run path imports, beyond the GPU image's jax / numpy / optax / safetensors / ml_dtypes /
+#    orbax-checkpoint / numpyro: tyro (experiments/common.py), tokenizers (the preset's tokenizer.json), grain (the
+#    prompt pipeline) and matplotlib (the fit's figures). A missing one is
+#    installed as benchmarks/gpu_check.sh does: from wheels in ./.whl (pip install --no-index --no-deps --target
+#    $GPU_CHECK_SITE, default /tmp/gpu_check_site; BUILD.md "One RL run on one GPU" says which to download), else
+#    from the package index. Still missing: exit status 2.
 # 3. Without --cpu-smoke, jax must see a GPU (exit status 2 otherwise).
 # 4. Runs python -m benchmarks.gpu_rl (every phase in its own process with its own timeout). Compiled programs go
-#    to JAX's persistent cache (scalerl_jax/compile_cache.py: JAX_COMPILATION_CACHE_DIR, default
-#    ~/.cache/scalerl_jax/xla), so a second run loads them. Exit status: 0 when every phase ran and succeeded, else 1.
+#    to JAX's persistent cache (JAX_COMPILATION_CACHE_DIR, default ~/.cache/scalerl_jax/xla, the same directory as
+#    gpu_check.sh's), so a second run loads them. Exit status: 0 when every phase ran and succeeded, else 1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +26,9 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # the trainer and the embedded engine share the device: memory grows on demand instead of being taken up front
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# JAX's persistent compilation cache: one directory for gpu_check.sh and gpu_rl.sh (scalerl_jax/compile_cache.py's
+# default), so what one compiled the other, and a second run, load instead of compiling again
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/scalerl_jax/xla}"
 CPU_SMOKE=0
 for a in "$@"; do [ "$a" = --cpu-smoke ] && CPU_SMOKE=1; done
 if [ "$CPU_SMOKE" = 1 ]; then
@@ -34,7 +39,7 @@ fi
 
 # import name -> pip name
 NEED="jax:jax numpy:numpy optax:optax safetensors:safetensors ml_dtypes:ml-dtypes orbax.checkpoint:orbax-checkpoint
-numpyro:numpyro tyro:tyro tokenizers:tokenizers"
+numpyro:numpyro tyro:tyro tokenizers:tokenizers grain:grain matplotlib:matplotlib"
 
 missing() {
     "$PY" - "$@" <<'EOF'

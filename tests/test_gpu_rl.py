@@ -1,11 +1,13 @@
-"""benchmarks/gpu_rl.sh --cpu-smoke: every phase of the one-GPU RL run (setup, aot, warm_start, rl, fit) runs on the
-CPU at tiny sizes, the JSON holds every field with the right type, the validation reward rises, and the train step's
-MFU and tokens/s agree with a hand computation from the run's own metrics rows."""
+"""benchmarks/gpu_rl.py --cpu-smoke (what ``gpu_rl.sh --cpu-smoke`` runs): every phase of the one-GPU RL run (setup,
+aot, warm_start, rl, fit) runs on the CPU at tiny sizes, the JSON holds every field with the right type, the
+validation reward rises, and the train step's MFU and tokens/s agree with a hand computation from the run's own
+metrics rows. The shell script itself: without a GPU and without --cpu-smoke it refuses."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,17 +45,20 @@ def _flops_per_token_by_hand(m: dict, ctx: int) -> float:
     return 2.0 * (m["num_hidden_layers"] * per_layer + m["vocab_size"] * d) + m["num_hidden_layers"] * 2 * h * hd * ctx
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpu_rl")
-    out = d / "gpu_rl.json"
-    env = {**os.environ, "PYTHON": sys.executable}
-    r = subprocess.run(["bash", "benchmarks/gpu_rl.sh", "--cpu-smoke", "--out", str(out), "--work", str(d / "work"),
-                        "--budget-s", "1500"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    return r, json.loads(out.read_text()), d / "work"
+#: the CPU smoke run, once, in the suite's background lane (tests/conftest.py), for the tests marked with it
+SMOKE = pytest.mark.background("gpu_rl_cpu_smoke", ["-m", "benchmarks.gpu_rl", "--cpu-smoke", "--budget-s", "1800",
+                                                    "--work", "{out}/work", "--out", "{out}/gpu_rl.json"])
+
+
+@pytest.fixture
+def smoke(background):
+    r = background["gpu_rl_cpu_smoke"]
+    out = Path(r.args[-1])
+    return r, json.loads(out.read_text()), out.parent / "work"
 
 
 @pytest.mark.slow
+@SMOKE
 def test_every_phase_runs_and_reports_every_field(smoke):
     r, doc, _ = smoke
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -75,6 +80,7 @@ def test_every_phase_runs_and_reports_every_field(smoke):
 
 
 @pytest.mark.slow
+@SMOKE
 def test_the_validation_reward_rises(smoke):
     _, doc, _ = smoke
     rl = doc["phases"]["rl"]
@@ -83,6 +89,7 @@ def test_the_validation_reward_rises(smoke):
 
 
 @pytest.mark.slow
+@SMOKE
 def test_mfu_and_tokens_per_second_by_hand(smoke):
     """From metrics.jsonl and config.json of the run (not the numbers gpu_rl computed): the training FLOPs the
     trainer counted per step are 3 x the forward FLOPs per token (by hand, at half the row length) x a whole number
@@ -113,3 +120,47 @@ def test_mfu_and_tokens_per_second_by_hand(smoke):
     assert rl["gen_tokens_per_s"] == pytest.approx(gen / sum(r["gen_seconds"] for r in steady), rel=1e-9) and gen > 0
     # the breakdown's train step is the mean of the same step seconds
     assert rl["breakdown"]["step_seconds"] == pytest.approx(secs / len(steady), rel=1e-9)
+
+
+def test_shell_entry_point_refuses_without_gpu():
+    """Without --cpu-smoke the script wants a GPU: on a CPU machine it stops with exit status 2 and says so."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_rl.sh"), "--out", os.devnull], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "jax sees no GPU" in r.stderr and "--cpu-smoke" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_gpu_check_quick_and_gpu_rl_share_one_ten_minute_slot():
+    """Their default budgets (each covers its own compilation) leave 30 s of the 600 for the two scripts' start-up;
+    every phase and section minimum fits its budget; both scripts point JAX at the same persistent cache."""
+    from scalerl_jax.benchmarks import gpu_check, gpu_rl
+    from scalerl_jax.benchmarks.gpu_check_driver import SECTION_MIN_S
+
+    rl_budget = gpu_rl.DEFAULT_BUDGET_S
+    assert gpu_check.QUICK_BUDGET_S + rl_budget <= 570
+    assert sum(gpu_rl.MIN_S["gpu"].values()) <= rl_budget
+    assert sum(SECTION_MIN_S.values()) <= gpu_check.QUICK_BUDGET_S
+    q = gpu_check.quick(gpu_check.GPU)
+    assert q.decode_models == ("llama3_1b",) and (q.train_batch, q.train_seq) == (gpu_check.GPU.train_batch,
+                                                                                    gpu_check.GPU.train_seq)
+    line = ('export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}'
+            '/scalerl_jax/xla}"')
+    for script in ("gpu_check.sh", "gpu_rl.sh"):
+        assert line in (ROOT / "benchmarks" / script).read_text(), script
+
+
+def test_a_phase_that_does_not_fit_the_budget_is_skipped_and_so_are_those_needing_it(tmp_path):
+    """No process is started for a phase whose minimum exceeds what is left; the JSON says why for each phase, and a
+    phase whose input phase did not succeed is skipped naming that phase."""
+    from scalerl_jax.benchmarks import gpu_rl
+
+    out = tmp_path / "x.json"
+    budget = gpu_rl.MIN_S["cpu"]["setup"] - 1
+    doc = gpu_rl.run_all(False, budget, out, tmp_path / "work")
+    assert json.loads(out.read_text()) == json.loads(json.dumps(doc)) and doc["meta"]["finished"]
+    ph = doc["phases"]
+    assert [ph[p]["status"] for p in gpu_rl.PHASES] == ["skipped"] * 5
+    assert "s left of the budget" in ph["setup"]["detail"] and "s left of the budget" in ph["warm_start"]["detail"]
+    assert ph["rl"]["detail"] == "skipped: warm_start did not succeed"
+    assert ph["fit"]["detail"] == "skipped: rl did not succeed"
+    assert not list((tmp_path / "work").glob("phase_*.json"))

@@ -52,7 +52,7 @@ PHASES = ("setup", "aot", "warm_start", "rl", "fit")
 MIN_S = {"gpu": {"setup": 15.0, "aot": 25.0, "warm_start": 50.0, "rl": 80.0, "fit": 25.0},
          "cpu": {"setup": 10.0, "aot": 10.0, "warm_start": 20.0, "rl": 40.0, "fit": 20.0}}
 MAX_S = {"gpu": {"setup": 60.0, "aot": 90.0, "warm_start": 150.0, "rl": 240.0, "fit": 120.0},
-         "cpu": {"setup": 120.0, "aot": 300.0, "warm_start": 900.0, "rl": 900.0, "fit": 600.0}}
+         "cpu": {"setup": 120.0, "aot": 300.0, "warm_start": 1200.0, "rl": 1200.0, "fit": 600.0}}
 # the phases each phase reads the outputs of
 NEEDS = {"rl": ("warm_start",), "fit": ("rl",)}
 SKIP_STEPS = 2  # the first RL steps (compilation) are left out of the per-step numbers
@@ -65,8 +65,8 @@ DEFAULT_BUDGET_S = 300.0
 
 
 def smoke_plan(seed: int = 0):
-    """The ``gpu_rl`` preset at CPU sizes: the ``tiny`` model on the same task, a warm start of 500 x 96 rows at the
-    tiny preset's rate, 20 RL steps of 16 prompts x 8 at lr 1e-4 (2x tiny's: the rise has 20 steps to show), an
+    """The ``gpu_rl`` preset at CPU sizes: the ``tiny`` model on the same task, a warm start of 300 x 64 rows at the
+    tiny preset's rate, 20 RL steps of 16 prompts x 8 at lr 2e-4 (4x tiny's: the rise has 20 steps to show), an
     eval every 2 steps on 64 prompts x 4 (the first-half fit needs 5 evals in the first half of the FLOPs)."""
     from scalerl_jax.experiments.presets import gpu_rl_plan, tiny_plan
 
@@ -77,8 +77,8 @@ def smoke_plan(seed: int = 0):
     exp = R(p.exp, name="scalerl_gpu_rl_smoke", model=tiny(),
             rollout=R(p.exp.rollout, prompts_per_batch=16),
             data=R(p.exp.data, val_size=64),
-            train=R(p.exp.train, lr=1e-4, steps=20, eval_every=2, checkpoint_every=20))
-    return R(p, exp=exp, real=False, warm_steps=500, warm_batch=96, warm_lr=t.warm_lr, warm_warmup=t.warm_warmup)
+            train=R(p.exp.train, lr=2e-4, steps=20, eval_every=2, checkpoint_every=20))
+    return R(p, exp=exp, real=False, warm_steps=300, warm_batch=64, warm_lr=t.warm_lr, warm_warmup=t.warm_warmup)
 
 
 def plan_for(gpu: bool, seed: int, work: Path):

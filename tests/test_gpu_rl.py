@@ -14,9 +14,10 @@ import pytest
 from tests.conftest import ROOT
 
 # The smoke run's validation reward, last eval minus first (20 RL steps, 64 prompts x 4 every 2 steps), on seed 0 (the
-# run in the suite): MIN_RISE passed there (the CPU run repeated its curves exactly on a rerun). On the other seeds the
-# rise is not robust: seed 1 0.117 -> 0.152 (+0.035, best 0.215), seed 2 0.020 -> 0.008 (its warm start leaves 2 %
-# right answers, too little signal for 20 steps); a stronger warm start (500 x 96) did not fit the suite's time.
+# run in the suite): 0.215 -> 0.355 (+0.141, best 0.418), the same curve on a rerun (the CPU run is deterministic).
+# MIN_RISE leaves about a third of it. On the other seeds the rise is not robust: seed 1 0.117 -> 0.152 (+0.035,
+# best 0.215), seed 2 0.020 -> 0.008 (its warm start leaves 2 % right answers, too little signal for 20 steps); a
+# stronger warm start (500 x 96) did not fit the suite's time.
 MIN_RISE = 0.05
 
 NUM = (int, float)

@@ -65,6 +65,17 @@ from scalerl_jax.benchmarks.gpu_check_report import GPU, IMPL_CHOICE_MIN_S, SMOK
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "GB200": 2500e12}
 
 
+# --quick: this check's share of one 10-minute GPU slot beside benchmarks/gpu_rl.sh (--budget-s 300), each script's
+# start-up (python, the package check, jax's first import) included
+QUICK_BUDGET_S = 270.0
+
+
+def quick(sizes: Sizes) -> Sizes:
+    """``sizes`` for a second run: the 1B decode only, fewer timed repetitions (the sections and shapes unchanged)."""
+    return dataclasses.replace(sizes, decode_models=sizes.decode_models[:1], train_steps=min(sizes.train_steps, 3),
+                               decode_reps=1, impl_reps=min(sizes.impl_reps, 3))
+
+
 def _median_time(fn, reps: int) -> float:
     """Median wall seconds of ``fn()`` (which must block until its results are ready), after one warm-up call."""
     fn()
@@ -356,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU: every code path, in seconds")
     ap.add_argument("--out", default="gpu_check.json", help="JSON file for the table and metadata, rewritten "
                     "after every section")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="wall budget for all sections")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall budget for all sections (default 540; "
+                    f"{QUICK_BUDGET_S:.0f} with --quick)")
+    ap.add_argument("--quick", action="store_true", help="a second run beside benchmarks/gpu_rl.sh in one 10-minute "
+                    "slot: the 1B decode only, fewer repetitions, --budget-s "
+                    f"{QUICK_BUDGET_S:.0f} (programs compiled by the first run come from JAX's persistent cache)")
     ap.add_argument("--remat", action="store_true", help="rematerialise layers in the train-step MFU run")
     for f in dataclasses.fields(Sizes):
         if f.name not in ("shrink", "decode_models", "kernel_tests_k"):
@@ -375,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = Sizes(**{**raw, "decode_models": tuple(raw["decode_models"])})
     else:
         sizes = SMOKE if args.cpu_smoke else GPU
+        if args.quick:
+            sizes = quick(sizes)
         sizes = dataclasses.replace(sizes, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
                                               if getattr(args, f.name, None) is not None})
         sizes = dataclasses.replace(sizes, decode_models=tuple(sizes.decode_models))
@@ -383,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--section needs --section-out")
         return run_one_section(args.section, args.section_arg, sizes, not args.cpu_smoke, args.section_timeout_s,
                                args.remat, args.peak_flops, Path(args.section_out))
-    rep = run_check(sizes, gpu=not args.cpu_smoke, budget_s=args.budget_s, remat=args.remat, out=Path(args.out))
+    budget_s = args.budget_s if args.budget_s is not None else QUICK_BUDGET_S if args.quick else 540.0
+    rep = run_check(sizes, gpu=not args.cpu_smoke, budget_s=budget_s, remat=args.remat, out=Path(args.out))
+    rep.meta["quick"] = args.quick
+    rep.write()
     print("\n" + rep.table())
     print("\n" + rep.summary())
     print(f"\nwrote {args.out}; wall {rep.meta['wall_s']:.0f} s")

@@ -3,6 +3,7 @@
 #
 #     bash benchmarks/gpu_check.sh [--out FILE.json] [more benchmarks/gpu_check.py flags]
 #     bash benchmarks/gpu_check.sh --cpu-smoke [--out FILE.json]   # the same sections at tiny sizes on the CPU
+#     bash benchmarks/gpu_check.sh --quick && bash benchmarks/gpu_rl.sh   # a second run: both in one 10-minute slot
 #
 # 1. Python: $PYTHON, else python3 (on this project's lent H200 machines that is the image's Python 3.12 with
 #    JAX 0.11 + CUDA 13 already installed; nothing can be downloaded there).
@@ -26,6 +27,9 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # grow GPU memory on demand: the kernel tests run in a child process beside this one
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# JAX's persistent compilation cache: one directory for gpu_check.sh and gpu_rl.sh (scalerl_jax/compile_cache.py's
+# default), so what one compiled the other, and a second run, load instead of compiling again
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/scalerl_jax/xla}"
 CPU_SMOKE=0
 for a in "$@"; do [ "$a" = --cpu-smoke ] && CPU_SMOKE=1; done
 if [ "$CPU_SMOKE" = 1 ]; then

@@ -262,6 +262,25 @@ def real_1b_plan(seed: int = 0) -> ExperimentPlan:
     return R(p, exp=exp, n_trainer_devices=1)
 
 
+def gpu_rl_plan(seed: int = 0) -> ExperimentPlan:
+    """The tiny recipe's task on one GPU with a Llama-3.2-1B-shaped model (``llama3_1b``: 16 layers, d 2048, vocab
+    128,256, tied embeddings; random init; the special ids are the task's character tokenizer's), the embedded
+    engine co-located on the trainer's device, generating in bf16: what ``benchmarks/gpu_rl.sh`` runs in one
+    5-minute slot. A supervised warm start of 300 x 64 rows at lr 3e-4 (the tiny model's 3e-3 is too large for
+    1.2B parameters), then 24 RL steps at lr 1e-5, evals every 2 steps on 96 prompts x 4 (the first-half fit needs
+    5 evals). The live forecast is off (the fit runs after the RL steps); one checkpoint, at the end. Needs an
+    accelerator (``real``; on a CPU, ``gpu_rl.sh --cpu-smoke`` runs the tiny model instead). Not yet run on a GPU:
+    the learning rates are chosen, not measured."""
+    p = tiny_plan(seed)
+    model = R(llama3_1b(), bos_token_id=None, eos_token_id=1, pad_token_id=0)
+    exp = R(p.exp, name="scalerl_gpu_rl", model=model,
+            rollout=R(p.exp.rollout, engine="embedded", generator_dtype="bfloat16"),
+            data=R(p.exp.data, val_size=96),
+            train=R(p.exp.train, lr=1e-5, steps=24, eval_every=2, checkpoint_every=24, keep_checkpoints=1),
+            forecast=R(p.exp.forecast, enabled=False), out_dir="runs/gpu_rl")
+    return R(p, exp=exp, real=True, warm_steps=300, warm_batch=64, warm_lr=3e-4, warm_warmup=30)
+
+
 def tiny_moe_plan(seed: int = 0) -> ExperimentPlan:
     """The tiny default with the Llama-4 MoE model (``tiny_moe``): same task, recipe and budgets."""
     p = tiny_plan(seed)
@@ -316,6 +335,7 @@ def qwen3_30b_a3b_plan(seed: int = 0) -> ExperimentPlan:
 PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny": tiny_plan, "smoke": smoke_plan, "small": small_plan,
                                                        "tiny_mathcode": tiny_mathcode_plan,
                                                        "tiny_chain": tiny_chain_plan, "1b": real_1b_plan,
+                                                       "gpu_rl": gpu_rl_plan,
                                                        "8b": real_8b_plan, "qwen25_1_5b": qwen25_1_5b_plan,
                                                        "qwen3_4b": qwen3_4b_plan}
 MOE_PRESETS: dict[str, Callable[[int], ExperimentPlan]] = {"tiny_moe": tiny_moe_plan, "smoke_moe": smoke_moe_plan,

@@ -44,7 +44,7 @@ def test_row_length_is_prompt_plus_completion_on_every_preset():
     # the row lengths every preset had when they were written by hand: only tiny_chain's (64) was larger than its
     # budgets (16 + 44); its warm start keeps 64 (the longest depth-6 chain is 14 + 49 + eos)
     before = {"tiny": 40, "smoke": 40, "small": 68, "tiny_mathcode": 51, "tiny_chain": 64, "1b": 5120, "8b": 16384,
-              "tiny_moe": 40, "smoke_moe": 40, "scout": 16384, "qwen25_1_5b": 5120, "qwen3_4b": 16384,
+              "tiny_moe": 40, "smoke_moe": 40, "scout": 16384, "qwen25_1_5b": 5120, "qwen3_4b": 16384, "gpu_rl": 40,
               "qwen3_30b_a3b": 16384}
     for name in (*PRESETS, *MOE_PRESETS):
         plan = build_plan(name)

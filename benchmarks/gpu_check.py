@@ -21,8 +21,8 @@ finished. The exit status is 1 if any row is an error.
    is an error and the later sections do not run.
 3. ``train``: the project's RL train step (``rl_loss`` with CISPO, ``make_train_step`` + ``jit_train_step`` on a
    one-device mesh, AdamW, state donated) for ``--train-model`` (Llama-3.2-1B shapes) in bf16 compute with the
-   float32 LM head at the preset's ``head_matmul_impl`` (bf16x3 on the GPU presets), ``--train-batch`` x
-   ``--train-seq`` tokens per step (2 x 4096 = 8k). MFU (6N basis) =
+   float32 LM head at the preset's ``head_matmul_impl``, ``--train-batch`` x ``--train-seq`` tokens per step
+   (2 x 4096 = 8k). MFU (6N basis) =
    6 N tokens / step time / peak, N = the parameters that take part in a matmul per token (layers + LM head; the
    embedding lookup is not a matmul; a tied embedding counts once, as the head), = ``flops_per_token(0) / 2``.
    ``mfu_with_attention`` adds causal attention's FLOPs (3 x ``ModelConfig.flops_per_token(T)``). Memory: XLA's
@@ -293,7 +293,7 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
 
     base = _model_cfg(sizes.train_model, sizes, dtype="bfloat16", head_dtype="float32", remat=False)
     fields = impl_fields()
-    # the reference of every switch (a preset may choose otherwise: the GPU presets' head_matmul_impl is bf16x3)
+    # the reference of every switch, whatever the preset chooses
     base = dataclasses.replace(base, n_layers=sizes.impl_layers, **{f: "reference" for f in fields})
     params = init_params(base, jax.random.key(0))
     batch = jax.device_put(rl_batch(base.vocab_size, sizes.impl_batch, sizes.impl_seq))

@@ -24,7 +24,7 @@ rewritten after each:
    ``step_seconds``, over the peak), generated tokens/s, the device's peak bytes in use against the AOT
    prediction, the validation reward's first, last and best.
 5. ``fit``: the sigmoid law fitted on the first half of the run's compute and report.md, as the run path does after
-   its last step (``scaling.report.fit_runs``, ``experiments.common.write_report``).
+   its last step (``scaling.report.fit_runs``, ``experiments.report.write_report``).
 
 A phase starts only if its minimum fits in what is left of ``--budget-s`` (else it is reported as skipped); its
 timeout is what is left minus the minimums of the phases after it. A phase whose input is missing (a failed warm
@@ -203,7 +203,7 @@ def phase_rl(gpu: bool, plan, prior: dict) -> dict:
 
 def phase_fit(gpu: bool, plan, prior: dict) -> dict:
     """The run path's fit and report after the last step (experiments/run_path.py, ``_train_and_report``)."""
-    from scalerl_jax.experiments.common import write_report
+    from scalerl_jax.experiments.report import write_report
 
     from scalerl_jax.scaling.report import fit_runs
 

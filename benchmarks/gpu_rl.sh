@@ -8,7 +8,7 @@
 #
 # 1. Python: $PYTHON, else python3. The project runs from this checkout through PYTHONPATH (nothing built).
 # 2. Packages: the run path imports, beyond the GPU image's jax / numpy / optax / safetensors / ml_dtypes /
-#    orbax-checkpoint / numpyro: tyro (experiments/common.py), tokenizers (the preset's tokenizer.json), grain (the
+#    orbax-checkpoint / numpyro: tyro (experiments/cli.py), tokenizers (the preset's tokenizer.json), grain (the
 #    prompt pipeline) and matplotlib (the fit's figures). A missing one is
 #    installed as benchmarks/gpu_check.sh does: from wheels in ./.whl (pip install --no-index --no-deps --target
 #    $GPU_CHECK_SITE, default /tmp/gpu_check_site; BUILD.md "One RL run on one GPU" says which to download), else

@@ -198,7 +198,7 @@ ERRORS = [  # (entry point, arguments, what the message must name)
     ("experiments.math_8b", ["--preset", "tiny", "--set", "train.lr"], ["expected FIELD=VALUE"]),
     ("experiments.math_8b", ["--preset", "tiny", "--rollout.k", "0"], ["RolloutConfig.k must be >= 1"]),
     ("experiments.math_8b", ["--preset", "huge"],
-     ["--preset 'huge'", "tiny, smoke, small, tiny_mathcode, tiny_chain, 1b, 8b"]),
+     ["--preset 'huge'", "tiny, smoke, small, tiny_mathcode, tiny_chain, 1b, gpu_rl, 8b"]),
     ("experiments.math_8b", ["--variant", "no_fun"], ["'no_fun'", "--variant", "'no_npr'"]),
     ("experiments.math_8b", ["--preset", "tiny", "--generators", "two"], ["--generators", "INT"]),
     ("experiments.math_8b", ["--preset", "tiny", "--sglang-urls", "http://a:1", "--generators", "2"], ["not both"]),

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 from scalerl_jax.config import ModelConfig, RopeScaling
 
-#: the FP32 head's matmul on the GPU presets (bf16 compute): float32 sums of three exact bf16 products, at tensor-core
-#: speed, whose log-prob error against float64 is under 1 % of the IEEE float32 head's own train/generator mismatch
-#: (benchmarks/fp32_head.py, docs/results/fp32_head.md). The CPU presets keep IEEE float32 ("reference").
-GPU_HEAD_MATMUL = "bf16x3"
-
 
 def tiny() -> ModelConfig:
     """~0.8M parameters over the 17-token character vocabulary of the synthetic arithmetic task."""
@@ -41,8 +36,7 @@ def llama3_1b() -> ModelConfig:
         rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                  original_max_position_embeddings=8192),
         rms_eps=1e-5, tie_embeddings=True, max_seq_len=131072, dtype="bfloat16", param_dtype="float32",
-        head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True, attn_chunk=1024, bos_token_id=128000, eos_token_id=128001,
+        head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=128000, eos_token_id=128001,
         pad_token_id=None,
     )
 
@@ -55,8 +49,7 @@ def llama3_8b() -> ModelConfig:
         rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                  original_max_position_embeddings=8192),
         rms_eps=1e-5, tie_embeddings=False, max_seq_len=131072, dtype="bfloat16", param_dtype="float32",
-        head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True, attn_chunk=1024, bos_token_id=128000, eos_token_id=128001,
+        head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=128000, eos_token_id=128001,
         pad_token_id=None,
     )
 
@@ -92,8 +85,7 @@ def scout_17b16e() -> ModelConfig:
         rope_scaling=RopeScaling(factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
                                  original_max_position_embeddings=8192),
         rms_eps=1e-5, tie_embeddings=False, max_seq_len=10485760, dtype="bfloat16", param_dtype="float32",
-        head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True, attn_chunk=1024, bos_token_id=200000, eos_token_id=200001,
+        head_dtype="float32", remat=True, attn_chunk=1024, bos_token_id=200000, eos_token_id=200001,
         pad_token_id=200018, moe_capacity_factor=2.0,
     )
 
@@ -106,8 +98,7 @@ def qwen25_1_5b() -> ModelConfig:
     return ModelConfig(
         arch="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
         ffn_dim=8960, rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=True,
-        max_seq_len=32768, dtype="bfloat16", param_dtype="float32", head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True,
+        max_seq_len=32768, dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True,
         attn_chunk=1024, bos_token_id=None, eos_token_id=151643, pad_token_id=151643,
     )
 
@@ -119,8 +110,7 @@ def qwen3_4b() -> ModelConfig:
     return ModelConfig(
         arch="qwen3", vocab_size=151936, d_model=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
         ffn_dim=9728, rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=True,
-        max_seq_len=40960, dtype="bfloat16", param_dtype="float32", head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True,
+        max_seq_len=40960, dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True,
         attn_chunk=1024, bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
     )
 
@@ -135,8 +125,7 @@ def qwen3_30b_a3b() -> ModelConfig:
         arch="qwen3_moe", vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
         ffn_dim=6144, n_experts=128, top_k=8, expert_ffn_dim=768, moe_every=1, norm_topk_prob=True,
         rope_theta=1000000.0, rope_scaling=None, rms_eps=1e-6, tie_embeddings=False, max_seq_len=40960,
-        dtype="bfloat16", param_dtype="float32", head_dtype="float32",
-        head_matmul_impl=GPU_HEAD_MATMUL, remat=True, attn_chunk=1024,
+        dtype="bfloat16", param_dtype="float32", head_dtype="float32", remat=True, attn_chunk=1024,
         bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
     )
 

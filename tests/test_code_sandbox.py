@@ -486,3 +486,20 @@ def test_a_pool_whose_sandbox_errors_too_often_stops_the_run(broken, stops):
             assert [r.reason for r in results] == ["sandbox_error"] + ["passed"] * 4
         s = pool.stats()
         assert (s["sandbox_error"], s["runs"]) == (broken, 5)
+
+
+def test_the_kernels_cpu_limit_signal_reads_as_the_cpu_limit_whatever_the_rusage():
+    """RLIMIT_CPU's SIGXCPU, seen by the launcher's wait4, is the CPU limit even when the rusage read after it is
+    under the limit's margin (a loaded virtual machine's tick-sampled CPU time runs ahead of it); another signal
+    with the same low reading stays a crash."""
+    import signal
+
+    from scalerl_jax.rewards.code_types import SandboxConfig, classify_run
+
+    cfg = SandboxConfig(cpu_s=2.0)
+    xcpu = classify_run(None, None, True, {"how": "signal", "signal": int(signal.SIGXCPU), "code": 0, "cpu": 1.2},
+                        "rlimits", cfg, 1.3)
+    assert (xcpu.passed, xcpu.reason, xcpu.detail) == (False, "timeout", "over the 2 s CPU limit")
+    segv = classify_run(None, None, True, {"how": "signal", "signal": int(signal.SIGSEGV), "code": 0, "cpu": 1.2},
+                        "rlimits", cfg, 1.3)
+    assert (segv.passed, segv.reason) == (False, "crash")

@@ -121,6 +121,11 @@ def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: b
     # rusage reads a little under the limit when RLIMIT_CPU fires (1.95 s at 2 s): a margin, not the exit status
     if float(ended.get("cpu", 0.0)) >= cpu_limit - 0.25:
         return result("timeout", f"over the {cpu_limit} s CPU limit")
+    # The kernel's CPU-limit signal, as the launcher's wait4 saw it: on a loaded (virtual) machine the tick-sampled
+    # CPU time that RLIMIT_CPU checks can run ahead of the rusage read after it, so the CPU reading alone misses
+    # some. A program that sends itself SIGXCPU gains nothing by it: it fails either way, never as sandbox_error.
+    if how == "signal" and sig == signal.SIGXCPU:
+        return result("timeout", f"over the {cpu_limit} s CPU limit")
     if how == "signal" and sig == signal.SIGXFSZ:
         return result("crash", f"wrote a file over the {cfg.max_file_mb} MB limit")
     if how == "signal":

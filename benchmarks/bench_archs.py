@@ -115,26 +115,16 @@ def moe_configs(d: int, ffn: int):
 def bench_moe(tokens: int, d: int, ffn: int, reps: int, ep: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding
+    from scalerl_jax.benchmarks.bench_moe import median_time, time_layer
 
-    from scalerl_jax import sharding as shd
     from scalerl_jax.config import MeshConfig
     from scalerl_jax.models import layers as nn
-    from scalerl_jax.models.moe import moe_ffn, moe_specs
+    from scalerl_jax.models.moe import moe_ffn
 
     rng = np.random.RandomState(0)
     B, T = 8, tokens // 8
     h = rng.randn(B, T, d).astype(np.float32)
     ct = rng.randn(B, T, d).astype(np.float32)
-
-    def time_call(f, args):
-        jax.block_until_ready(f(*args))
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
 
     # the floor: a dense SwiGLU of width 2 x ffn (= the active expert width of both MoE layers)
     dw = {"w_gate": 0.05 * rng.randn(d, 2 * ffn).astype(np.float32),
@@ -142,7 +132,7 @@ def bench_moe(tokens: int, d: int, ffn: int, reps: int, ep: int) -> list[dict]:
           "w_down": 0.05 * rng.randn(2 * ffn, d).astype(np.float32)}
     floor = jax.jit(jax.value_and_grad(
         lambda h, w: jnp.sum(nn.swiglu(h, w["w_gate"], w["w_up"], w["w_down"], jnp.float32) * ct), argnums=(0, 1)))
-    t_floor = time_call(floor, (h, dw))
+    t_floor = median_time(floor, (h, dw), reps)
     rows = [{"layer": f"dense SwiGLU, width {2 * ffn}", "path": "1 device", "seconds": t_floor}]
 
     for name, cfg in moe_configs(d, ffn).items():
@@ -156,14 +146,8 @@ def bench_moe(tokens: int, d: int, ffn: int, reps: int, ep: int) -> list[dict]:
                    "shared_up": 0.05 * rng.randn(d, F).astype(np.float32),
                    "shared_down": 0.05 * rng.randn(F, d).astype(np.float32)}
         g = jax.value_and_grad(lambda h, mp, c=cfg: jnp.sum(moe_ffn(h, mp, c)[0] * ct), argnums=(0, 1))
-        rows.append({"layer": name, "path": "ragged, 1 device", "seconds": time_call(jax.jit(g), (h, mp))})
-        mesh = shd.make_mesh(MeshConfig(fsdp=len(jax.devices()) // ep, expert=ep))
-        x_sh = NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
-        axes = {k: w.axes[1:] for k, w in moe_specs(cfg, 1).items()}
-        w_sh = {k: NamedSharding(mesh, shd.logical_to_spec(axes[k], v.shape, mesh)) for k, v in mp.items()}
-        with shd.use_mesh(mesh):
-            f = jax.jit(g, in_shardings=(x_sh, w_sh))
-            t = time_call(f, (jax.device_put(h, x_sh), jax.device_put(mp, w_sh)))
+        rows.append({"layer": name, "path": "ragged, 1 device", "seconds": time_layer(g, cfg, h, mp, None, reps)})
+        t = time_layer(g, cfg, h, mp, MeshConfig(fsdp=len(jax.devices()) // ep, expert=ep), reps)
         rows.append({"layer": name, "path": f"expert-parallel, {ep} of {len(jax.devices())} devices", "seconds": t})
     for r in rows:
         r["us_per_token"] = r["seconds"] / tokens * 1e6

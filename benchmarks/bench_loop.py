@@ -33,22 +33,6 @@ from scalerl_jax.benchmarks import machine
 from scalerl_jax import hostmem
 
 
-def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
-    """This process's float32 matmul rate (FLOP/s): the best of ``reps`` timed n x n x n products, compiled first."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
-
-
 def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
     """Per-step means of the train rows after the first ``skip`` (and the first steps apart); one eval's cost."""
     train = [r for r in rows if r.get("kind") == "train"]
@@ -116,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         results[preset] = {**breakdown(rows, a.skip, eval_every), "run_seconds": time.perf_counter() - t0,
                            "eval_every": eval_every, "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / a.steps,
                            "kernel_cpu_s_per_step": (ru1.ru_stime - ru0.ru_stime) / a.steps}
-    rate = matmul_flops_per_s()
+    rate = machine.matmul_flops_per_s()
     facts = machine.describe(matmul=False)
     print("\n" + machine.header(facts))
     print(f"host: {hostmem.describe()}")

@@ -43,7 +43,8 @@ from scalerl_jax.models.moe import moe_ffn, moe_specs  # noqa: E402
 from scalerl_jax.models.presets import get_preset, tiny_moe  # noqa: E402
 
 
-def _time(f, args, reps: int) -> float:
+def median_time(f, args, reps: int) -> float:
+    """Median wall seconds of ``f(*args)`` over ``reps`` calls after one warm-up call."""
     jax.block_until_ready(f(*args))
     ts = []
     for _ in range(reps):
@@ -51,6 +52,20 @@ def _time(f, args, reps: int) -> float:
         jax.block_until_ready(f(*args))
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def time_layer(g, cfg, h, mp, mcfg: MeshConfig | None, reps: int) -> float:
+    """Median seconds of the jitted ``g(h, mp)`` (an MoE layer's value and gradient) on one device (``mcfg`` None) or
+    on the mesh of ``mcfg``, the tokens and the MoE weights sharded by their logical axes."""
+    if mcfg is None:
+        return median_time(jax.jit(g), (h, mp), reps)
+    mesh = shd.make_mesh(mcfg)
+    x_sh = NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
+    axes = {k: w.axes[1:] for k, w in moe_specs(cfg, 1).items()}
+    w_sh = {k: NamedSharding(mesh, shd.logical_to_spec(axes[k], v.shape, mesh)) for k, v in mp.items()}
+    with shd.use_mesh(mesh):
+        f = jax.jit(g, in_shardings=(x_sh, w_sh))
+        return median_time(f, (jax.device_put(h, x_sh), jax.device_put(mp, w_sh)), reps)
 
 
 def bench(n_experts: int, tokens: int, d: int, ffn: int, reps: int) -> list[dict]:
@@ -75,19 +90,7 @@ def bench(n_experts: int, tokens: int, d: int, ffn: int, reps: int) -> list[dict
                ("ragged-1", cfg, None)]
     layouts += [(f"ep-{x}", cfg, MeshConfig(fsdp=8 // x, expert=x)) for x in (2, 4, 8) if n_experts % x == 0]
     for name, c, mcfg in layouts:
-        g = jax.value_and_grad(loss(c), argnums=(0, 1))
-        if mcfg is None:
-            f, args = jax.jit(g), (h, mp)
-            t = _time(f, args, reps)
-        else:
-            mesh = shd.make_mesh(mcfg)
-            x_sh = NamedSharding(mesh, shd.logical_to_spec(("batch", "seq", None), h.shape, mesh))
-            axes = {k: w.axes[1:] for k, w in moe_specs(cfg, 1).items()}
-            w_sh = {k: NamedSharding(mesh, shd.logical_to_spec(axes[k], v.shape, mesh)) for k, v in mp.items()}
-            with shd.use_mesh(mesh):
-                f = jax.jit(g, in_shardings=(x_sh, w_sh))
-                args = (jax.device_put(h, x_sh), jax.device_put(mp, w_sh))
-                t = _time(f, args, reps)
+        t = time_layer(jax.value_and_grad(loss(c), argnums=(0, 1)), c, h, mp, mcfg, reps)
         rows.append({"experts": n_experts, "path": name, "seconds": t, "tokens_per_s": tokens / t})
     dense_t = rows[0]["seconds"]
     for r in rows:

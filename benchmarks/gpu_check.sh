@@ -42,41 +42,10 @@ fi
 NEED="jax:jax numpy:numpy optax:optax pytest:pytest safetensors:safetensors ml_dtypes:ml-dtypes
 orbax.checkpoint:orbax-checkpoint"
 
-missing() {
-    "$PY" - "$@" <<'EOF'
-import importlib.util, sys
-for pair in sys.argv[1:]:
-    mod, pip_name = pair.split(":")
-    try:
-        found = importlib.util.find_spec(mod) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        print(pip_name)
-EOF
-}
+source "$ROOT/benchmarks/_packages.sh"
 
 echo "== python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
-# shellcheck disable=SC2086
-MISSING="$(missing $NEED)"
-if [ -n "$MISSING" ]; then
-    echo "== installing: $MISSING"
-    if [ -d "$ROOT/.whl" ]; then
-        SITE="${GPU_CHECK_SITE:-/tmp/gpu_check_site}"
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-            "$ROOT"/.whl/*.whl
-        export PYTHONPATH="$PYTHONPATH:$SITE"
-    else
-        # shellcheck disable=SC2086
-        "$PY" -m pip install -q --user $MISSING
-    fi
-    # shellcheck disable=SC2086
-    STILL="$(missing $NEED)"
-    if [ -n "$STILL" ]; then
-        echo "gpu_check: still missing after install: $STILL" >&2
-        exit 2
-    fi
-fi
+ensure_packages gpu_check "$NEED"
 
 if [ "$CPU_SMOKE" = 1 ]; then
     "$PY" -c 'import jax; print("== jax", jax.__version__, jax.devices(), "(CPU smoke run)")'

@@ -71,18 +71,18 @@ def run_child(cmd: list[str], env: dict, timeout_s: float, capture_stdout: bool)
         return ChildResult(rc, wall, out.read()[-2000:], err.read()[-2000:])
 
 
-def _show_tail(what: str, text: str) -> None:
+def show_tail(what: str, text: str) -> None:
     """A failed child's last output on the console (its rows carry only one line of it)."""
     if text.strip():
         print(f"  --- last output of {what} ---\n{text.rstrip()}\n  ---", flush=True)
 
 
-def _tail_line(text: str) -> str:
+def tail_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
 
 
-def _child_env(gpu: bool) -> dict:
+def child_env(gpu: bool) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -124,7 +124,7 @@ def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, timeout_s: float, fil
     if not files:
         rep.add("kernel_tests", "files", 0, "files", "no tests/test_kernel_*.py found", status="error")
         return
-    env = _child_env(gpu)
+    env = child_env(gpu)
     env.update(SCALERL_PALLAS_INTERPRET="0" if gpu else "1", JAX_DEFAULT_MATMUL_PRECISION="highest")
     # tests/conftest.py defaults JAX_PLATFORMS to cpu: name the GPU platform explicitly
     env["JAX_PLATFORMS"] = (os.environ.get("JAX_PLATFORMS") or "cuda") if gpu else "cpu"
@@ -136,13 +136,13 @@ def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, timeout_s: float, fil
             cmd += ["-k", sizes.kernel_tests_k]
         res = run_child(cmd, env, timeout_s, capture_stdout=True)
         if res.returncode != 0:
-            _show_tail("pytest", res.stdout_tail + res.stderr_tail)
+            show_tail("pytest", res.stdout_tail + res.stderr_tail)
         if res.returncode is None:
             rep.add("kernel_tests", "pytest", None, detail=f"timeout: killed after {res.wall_s:.0f} s", status="error")
             return
         if not xml.exists():
             rep.add("kernel_tests", "pytest", res.returncode, "exit code",
-                    _tail_line(res.stdout_tail) + " " + _tail_line(res.stderr_tail), status="error")
+                    tail_line(res.stdout_tail) + " " + tail_line(res.stderr_tail), status="error")
             return
         per_file = parse_junit(xml)
     mode = "compiled (SCALERL_PALLAS_INTERPRET=0)" if gpu else "interpret (SCALERL_PALLAS_INTERPRET=1)"
@@ -154,7 +154,7 @@ def run_kernel_tests(rep: Report, sizes: Sizes, gpu: bool, timeout_s: float, fil
         rep.add("kernel_tests", mod, c["passed"], "passed", f"{c['failed']} failed, {c['skipped']} skipped; {mode}",
                 status="error" if bad else "ok")
     if res.returncode != 0 and not any(r["status"] == "error" for r in rep.rows if r["section"] == "kernel_tests"):
-        rep.add("kernel_tests", "pytest", res.returncode, "exit code", _tail_line(res.stdout_tail), status="error")
+        rep.add("kernel_tests", "pytest", res.returncode, "exit code", tail_line(res.stdout_tail), status="error")
     rep.add("kernel_tests", "wall", res.wall_s, "s", f"{len(files)} files")
 
 
@@ -176,9 +176,9 @@ def run_section(rep: Report, section: str, arg: str | None, sizes: Sizes, gpu: b
             cmd += ["--peak-flops", repr(rep.meta["peak_flops"])]
         got = {"rows": [], "meta": {}}
         try:
-            res = run_child(cmd, _child_env(gpu), timeout_s, capture_stdout=False)
+            res = run_child(cmd, child_env(gpu), timeout_s, capture_stdout=False)
             if res.returncode != 0:
-                _show_tail(f"section {section}", res.stderr_tail)
+                show_tail(f"section {section}", res.stderr_tail)
         finally:  # also when stopped from outside: keep the rows the section finished
             if out.exists():
                 got = json.loads(out.read_text())
@@ -189,7 +189,7 @@ def run_section(rep: Report, section: str, arg: str | None, sizes: Sizes, gpu: b
         rep.add(section, name, None, detail=f"timeout: killed after {res.wall_s:.0f} s "
                 f"(limit {timeout_s:.0f} s)", status="error")
     elif res.returncode != 0 and not any(r["status"] == "error" for r in got["rows"]):
-        rep.add(section, name, res.returncode, "exit code", _tail_line(res.stderr_tail), status="error")
+        rep.add(section, name, res.returncode, "exit code", tail_line(res.stderr_tail), status="error")
 
 
 # ---- the plan -------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl_jax.benchmarks.gpu_check_driver import Stopped, _child_env, _show_tail, _tail_line, run_child
+from scalerl_jax.benchmarks.gpu_check_driver import Stopped, child_env, run_child, show_tail, tail_line
 from scalerl_jax.benchmarks.gpu_check_report import Budget
 
 PHASES = ("setup", "aot", "warm_start", "rl", "fit")
@@ -109,7 +109,7 @@ def phase_setup(gpu: bool, plan, prior: dict) -> dict:
     peak = device_peak(rep, GPU if gpu else SMOKE, gpu)
     source = rep.meta["peak_source"]
     if not gpu:  # a CPU's rate at the smoke's 128^3 is far below what the train step reaches: take bench_loop's
-        from scalerl_jax.benchmarks.bench_loop import matmul_flops_per_s
+        from scalerl_jax.benchmarks.machine import matmul_flops_per_s
 
         peak, source = matmul_flops_per_s(), "measured float32 1024^3 matmul, best of 20 (CPU)"
     stats = jax.devices()[0].memory_stats() or {}
@@ -265,7 +265,7 @@ def run_all(gpu: bool, budget_s: float, out: Path, work: Path, seed: int = 0) ->
     budget = Budget(budget_s)
     doc = {"meta": {"mode": "gpu" if gpu else "cpu-smoke", "budget_s": budget_s, "seed": seed, "work": str(work),
                     "python": sys.version.split()[0], "finished": False}, "phases": {}}
-    env = _child_env(gpu)
+    env = child_env(gpu)
     env["SCALERL_WARMSTART_CACHE"] = "0"  # the warm start is measured: never copied from an earlier run's
     if gpu:
         env.pop("JAX_PLATFORMS", None)
@@ -303,10 +303,10 @@ def run_all(gpu: bool, budget_s: float, out: Path, work: Path, seed: int = 0) ->
                     got = {**got, "status": "error", "detail": f"timeout: killed after {res.wall_s:.0f} s "
                            f"(limit {timeout:.0f} s)"}
                 elif not got:
-                    _show_tail(f"phase {phase}", res.stderr_tail)
-                    got = {"status": "error", "detail": f"exit {res.returncode}: {_tail_line(res.stderr_tail)}"}
+                    show_tail(f"phase {phase}", res.stderr_tail)
+                    got = {"status": "error", "detail": f"exit {res.returncode}: {tail_line(res.stderr_tail)}"}
                 elif got["status"] == "error":
-                    _show_tail(f"phase {phase}", res.stderr_tail)
+                    show_tail(f"phase {phase}", res.stderr_tail)
                 got["wall_s"] = round(res.wall_s if res is not None else 0.0, 2)
                 got["timeout_s"] = round(timeout, 1)
                 doc["phases"][phase] = got

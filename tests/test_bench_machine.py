@@ -37,4 +37,4 @@ def test_header_names_the_cpu_the_rate_and_the_libraries():
 @pytest.mark.parametrize("n", [64])
 def test_the_matmul_rate_is_a_rate(n):
     # 2 n^3 FLOPs in a positive, finite time
-    assert 0 < machine.matmul_gflops(n, repeats=2) < float("inf")
+    assert 0 < machine.matmul_flops_per_s(n, reps=2) < float("inf")

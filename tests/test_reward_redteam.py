@@ -519,12 +519,12 @@ def _unprivileged_argv(code: str) -> list[str] | str:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-ec", " && ".join(script), code]
 
 
-@pytest.fixture(scope="module")
-def unprivileged_run():
-    """Starts the unprivileged run of every mode in the background (it overlaps the root runs); yields a function
-    that waits for it and returns its results."""
-    code = ("import json, sys\nfrom tests.test_reward_redteam import run_redteam, MODES\nout = {}\n"
-            "for m in MODES:\n    try:\n        out[m] = run_redteam(m)\n    except Exception as e:\n"
+def background_unprivileged_run(module: str, func: str):
+    """A fixture's body: starts ``module.func(mode)`` for every mode as the unprivileged user, in the background (it
+    overlaps the root runs); yields a function that waits for it and returns its results by mode (a string where it
+    could not start)."""
+    code = (f"import json\nfrom {module} import {func}, MODES\nout = {{}}\n"
+            f"for m in MODES:\n    try:\n        out[m] = {func}(m)\n    except Exception as e:\n"
             "        out[m] = repr(e)\nprint('REDTEAM' + json.dumps(out))\n")
     argv = _unprivileged_argv(code)
     if isinstance(argv, str):
@@ -550,14 +550,25 @@ def unprivileged_run():
     proc.wait()
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_redteam_as_an_unprivileged_user(mode, unprivileged_run):
-    if isinstance(unprivileged_run, str):
-        pytest.skip(unprivileged_run)
-    out = unprivileged_run()[mode]
+def unprivileged_result(run, mode: str) -> dict:
+    """The unprivileged run's results of ``mode``, or the test skipped (no such user, or bubblewrap refusing it) or
+    failed (the run under ``mode`` raised)."""
+    if isinstance(run, str):
+        pytest.skip(run)
+    out = run()[mode]
     if isinstance(out, str):
         if mode == "bwrap" and "bwrap" in out:
             pytest.skip(f"bubblewrap cannot start as {USER}: {out}")
         pytest.fail(f"the unprivileged run under {mode} failed: {out}")
     assert "as the trainer's uid" in out["describe"]  # really not root
-    _check(out, f"{mode}, as {USER}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def unprivileged_run():
+    yield from background_unprivileged_run("tests.test_reward_redteam", "run_redteam")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_redteam_as_an_unprivileged_user(mode, unprivileged_run):
+    _check(unprivileged_result(unprivileged_run, mode), f"{mode}, as {USER}")

@@ -14,16 +14,21 @@ exit statuses that imitate a signal, a timeout or an unknown signal.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
 import textwrap
 
 import pytest
 
 from scalerl_jax.rewards.code_types import SandboxConfig
-from tests.test_reward_redteam import CPU_S, MODES, TIMEOUT_S, USER, Host, _unprivileged_argv
+from tests.test_reward_redteam import (
+    CPU_S,
+    MODES,
+    TIMEOUT_S,
+    USER,
+    Host,
+    background_unprivileged_run,
+    unprivileged_result,
+)
 
 # Reads the tests' verdict pipe number from the tests' own argv: run in the tests' interpreter, it writes "passed".
 _TO_VERDICT = ("__import__('os').write(int(__import__('sys').argv[1]), b'passed\\t\\n') and "
@@ -274,43 +279,12 @@ def test_redteam2_as_this_user(mode):
 
 @pytest.fixture(scope="module")
 def unprivileged_run2():
-    """The unprivileged run of every mode, started in the background; yields a function returning its results."""
-    code = ("import json\nfrom tests.test_reward_redteam2 import run_redteam2, MODES\nout = {}\n"
-            "for m in MODES:\n    try:\n        out[m] = run_redteam2(m)\n    except Exception as e:\n"
-            "        out[m] = repr(e)\nprint('REDTEAM' + json.dumps(out))\n")
-    argv = _unprivileged_argv(code)
-    if isinstance(argv, str):
-        yield argv
-        return
-    proc = subprocess.Popen(argv, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done: dict = {}
-
-    def result() -> dict:
-        if not done:
-            out, err = proc.communicate(timeout=900)  # hang guard
-            line = next((s for s in out.splitlines() if s.startswith("REDTEAM")), None)
-            assert line is not None, f"the unprivileged run printed no result (rc {proc.returncode}): {err[-3000:]}"
-            done.update(json.loads(line[len("REDTEAM"):]))
-        return done
-
-    yield result
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    yield from background_unprivileged_run("tests.test_reward_redteam2", "run_redteam2")
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_redteam2_as_an_unprivileged_user(mode, unprivileged_run2):
-    if isinstance(unprivileged_run2, str):
-        pytest.skip(unprivileged_run2)
-    out = unprivileged_run2()[mode]
-    if isinstance(out, str):
-        if mode == "bwrap" and "bwrap" in out:
-            pytest.skip(f"bubblewrap cannot start as {USER}: {out}")
-        pytest.fail(f"the unprivileged run under {mode} failed: {out}")
-    assert "as the trainer's uid" in out["describe"]
-    _check(out, f"{mode}, as {USER}")
+    _check(unprivileged_result(unprivileged_run2, mode), f"{mode}, as {USER}")
 
 
 # ---- the comparison helpers against hand-worked expectations (no sandbox) ----

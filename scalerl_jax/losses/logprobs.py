@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from scalerl_jax.models.head_matmul import head_matmul
+from scalerl_jax.models.head_matmul import head_matmul, split_head
 from scalerl_jax.models.layers import dtype as _dtype
 from scalerl_jax.sharding import per_shard
 
@@ -36,7 +36,8 @@ _head_dtype = functools.partial(_dtype, what="head_dtype")
 
 def _logp_entropy(h_BxD: jax.Array, w_DV: jax.Array, tgt_Bx: jax.Array, temperature: float,
                   head_matmul_impl: str = "reference"):
-    """Log-prob of ``tgt`` and entropy for a block of positions; ``h`` and ``w`` already in the head dtype."""
+    """Log-prob of ``tgt`` and entropy for a block of positions; ``h`` and ``w`` already in the head dtype (a float32
+    head may come as :func:`split_head`'s terms)."""
     if h_BxD.dtype == jnp.float32:
         logits = head_matmul(h_BxD, w_DV, head_matmul_impl)
     else:
@@ -83,6 +84,8 @@ def token_logprobs(
     h = hidden_BTD.astype(dtype)
     w = head_DV.astype(dtype)
     tgt = targets_BT.astype(jnp.int32)
+    if dtype == jnp.float32:  # split once here, not in every block of the loop below
+        w = split_head(w, head_matmul_impl)
     if pad:
         h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
         tgt = jnp.pad(tgt, ((0, 0), (0, pad)))

@@ -43,22 +43,31 @@ def split_bf16(x: jax.Array, terms: int) -> list[jax.Array]:
     return out
 
 
-def head_matmul(h: jax.Array, w: jax.Array, impl: str = "reference") -> jax.Array:
-    """float32 ``h [..., D] @ w [D, V]`` at the precision of ``impl`` (module docstring)."""
+def split_head(w: jax.Array, impl: str) -> tuple[jax.Array, ...]:
+    """The head ``w`` [D, V] as ``impl`` multiplies it: float32 (reference) or its bf16 terms. A caller that runs the
+    head over many blocks of positions (``losses.logprobs.token_logprobs``) splits it once, outside its loop."""
     if impl not in HEAD_MATMUL_TERMS:
         raise ValueError(f"head_matmul_impl must be one of {sorted(HEAD_MATMUL_TERMS)}, got {impl!r}")
     terms = HEAD_MATMUL_TERMS[impl]
-    lead = h.shape[:-1]
+    return (w.astype(jnp.float32),) if terms == 0 else tuple(split_bf16(w, terms))
+
+
+def head_matmul(h: jax.Array, w: jax.Array | tuple[jax.Array, ...], impl: str = "reference") -> jax.Array:
+    """float32 ``h [..., D] @ w [D, V]`` at the precision of ``impl`` (module docstring); ``w`` may come split
+    already (:func:`split_head` with the same ``impl``)."""
+    ws = w if isinstance(w, tuple) else split_head(w, impl)
+    terms = HEAD_MATMUL_TERMS[impl]
+    lead, v = h.shape[:-1], ws[0].shape[-1]
     h = h.reshape(-1, h.shape[-1])  # one 2-D matmul: its weight gradient needs no transposed copy on CPU (layers.proj)
     if terms == 0:
-        out = jnp.dot(h.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST,
+        out = jnp.dot(h.astype(jnp.float32), ws[0], precision=jax.lax.Precision.HIGHEST,
                       preferred_element_type=jnp.float32)
-        return out.reshape(*lead, w.shape[-1])
-    hs, ws = split_bf16(h, terms), split_bf16(w, terms)
+        return out.reshape(*lead, v)
+    hs = split_bf16(h, terms)
     # the products with term indices i + j < terms, smallest first, so the float32 sum rounds the big ones last
     pairs = sorted(((i, j) for i in range(terms) for j in range(terms) if i + j < terms), key=lambda p: -(p[0] + p[1]))
     out = None
     for i, j in pairs:
         p = jnp.dot(hs[i], ws[j], preferred_element_type=jnp.float32)
         out = p if out is None else out + p
-    return out.reshape(*lead, w.shape[-1])
+    return out.reshape(*lead, v)

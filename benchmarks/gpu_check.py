@@ -33,7 +33,7 @@ finished. The exit status is 1 if any row is an error.
    tokens/s = generated tokens / wall time of ``generate`` (prefill included), best of ``--decode-reps`` after a
    warm-up.
 5. ``impl``: every ``ModelConfig`` field named ``*_impl`` whose choices include ``"reference"`` (today
-   ``logprobs_impl``, ``attention_impl`` and ``head_matmul_impl``: the FP32 head's matmul at IEEE float32 or as
+   ``attention_impl`` and ``head_matmul_impl``: the FP32 head's matmul at IEEE float32 or as
    float32 sums of bf16 products, ``scalerl_jax/models/head_matmul.py``), each non-reference choice against
    ``"reference"`` on the same model cut to ``--impl-layers`` layers: the RL loss's value and gradient
    (jitted), median time, compiled temp memory, and the loss's relative difference from the reference. A choice

@@ -12,7 +12,7 @@ from scalerl_jax.config import ModelConfig
 
 # ModelConfig fields a preset decides whatever checkpoint it starts from (how to compute, not what the model is)
 NUMERICS = ("dtype", "param_dtype", "head_dtype", "remat", "attn_chunk", "moe_impl", "moe_capacity_factor",
-            "logprobs_impl", "attention_impl", "head_matmul_impl")
+            "attention_impl", "head_matmul_impl")
 
 
 def model_from_checkpoint(preset: ModelConfig, ckpt: ModelConfig) -> ModelConfig:

@@ -70,14 +70,10 @@ class ModelConfig:
     dtype: DType = "bfloat16"  # activation / matmul compute dtype
     param_dtype: DType = "float32"  # storage dtype of the master weights
     head_dtype: DType = "float32"  # LM head; float32 is the ScaleRL fix
-    #: token log-probs through the head: reference (chunked pure JAX) or pallas (fused;
-    #: scalerl_jax/kernels/token_logprobs.py; float32 head only; interpreted on CPU, compiled on GPU)
-    logprobs_impl: Literal["reference", "pallas"] = "reference"
     #: the float32 head's matmul (trainer log-probs and generator logits alike): reference (IEEE float32,
     #: Precision.HIGHEST), bf16x3 / bf16x6 (float32 sums of 3 / 6 exact bf16 products: tensor-core speed, ~float32
     #: accuracy) or bf16 (inputs rounded to bf16, float32 accumulation); scalerl_jax/models/head_matmul.py,
-    #: docs/results/fp32_head.md. Applies to head_dtype float32 (the bf16-head ablation computes in bf16);
-    #: other than reference it needs logprobs_impl reference
+    #: docs/results/fp32_head.md. Applies to head_dtype float32 (the bf16-head ablation computes in bf16)
     head_matmul_impl: Literal["reference", "bf16x3", "bf16x6", "bf16"] = "reference"
     #: attention: reference (pure JAX: dense / own flash custom VJP), cudnn (jax.nn.dot_product_attention on cuDNN;
     #: CUDA GPUs, bf16/fp16 only; decode stays on the reference) or pallas (JAX's Pallas GPU flash attention and
@@ -129,17 +125,9 @@ class ModelConfig:
         )
         for name in ("dtype", "param_dtype", "head_dtype"):
             _check(getattr(self, name) in ("float32", "bfloat16"), f"ModelConfig.{name} must be float32|bfloat16")
-        _check(self.logprobs_impl in ("reference", "pallas"),
-               f"ModelConfig.logprobs_impl must be 'reference' or 'pallas', got {self.logprobs_impl!r}")
-        _check(self.logprobs_impl != "pallas" or self.head_dtype == "float32",
-               "ModelConfig.logprobs_impl='pallas' computes the head in float32 only; the bf16-head ablation "
-               "(head_dtype='bfloat16') needs logprobs_impl='reference'")
         _check(self.head_matmul_impl in ("reference", "bf16x3", "bf16x6", "bf16"),
                "ModelConfig.head_matmul_impl must be 'reference', 'bf16x3', 'bf16x6' or 'bf16', got "
                f"{self.head_matmul_impl!r}")
-        _check(self.head_matmul_impl == "reference" or self.logprobs_impl == "reference",
-               f"ModelConfig.head_matmul_impl={self.head_matmul_impl!r} needs logprobs_impl='reference' (the Pallas "
-               "kernel computes its head at float32 precision only)")
         _check(self.attention_impl in ("reference", "cudnn", "pallas"),
                f"ModelConfig.attention_impl must be 'reference', 'cudnn' or 'pallas', got {self.attention_impl!r}")
         _check(self.attention_impl != "cudnn" or self.dtype == "bfloat16",

@@ -1,5 +1,5 @@
-"""Run in a subprocess with 4 simulated CPU devices: an RL train step with the Pallas kernels (token log-probs and
-attention, interpret mode) under sharded meshes (the trainer's jit_train_step) vs the unsharded reference step.
+"""Run in a subprocess with 4 simulated CPU devices: an RL train step with the Pallas attention kernels (interpret
+mode) under sharded meshes (the trainer's jit_train_step) vs the unsharded reference step.
 
 Prints one JSON line: {case: {"loss", "grad_norm_rel", "params", "in_shard_map", ...}}.
 """
@@ -53,7 +53,7 @@ opt = make_optimizer(TrainConfig(lr=LR, warmup_steps=0, weight_decay=0.0, adam_e
 out = {}
 for kv_heads in (2, 1):  # GQA: heads split with the tensor axis; MQA: one kv head, heads kept whole per device
     ref_cfg = dataclasses.replace(tiny(), n_heads=4, n_kv_heads=kv_heads, vocab_size=24, attn_chunk=8)
-    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas", logprobs_impl="pallas")
+    ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
     params = jax.tree.map(np.asarray, init_params(ref_cfg, jax.random.key(0), std=0.1))
     tokens = rng.randint(0, 24, (B, T)).astype(np.int32)
     mask = np.zeros((B, T), np.float32)

@@ -75,7 +75,8 @@ def test_mfu_rederived_from_recorded_sizes(smoke):
 
 def test_impl_fields_found_by_name():
     fields = gpu_check.impl_fields()
-    assert fields["logprobs_impl"] == ("pallas",)
+    assert fields["attention_impl"] == ("cudnn", "pallas")
+    assert fields["head_matmul_impl"] == ("bf16x3", "bf16x6", "bf16")
     assert "moe_impl" not in fields  # no "reference" choice: not a kernel switch
 
 

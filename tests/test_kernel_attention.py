@@ -292,10 +292,10 @@ def test_kernels_lower_to_triton_for_a_cuda_gpu():
 
 
 def test_run_path_carries_the_kernel_choices():
-    """A preset's attention / log-prob implementation reaches a model read from a checkpoint's config."""
-    preset = dataclasses.replace(tiny(), attention_impl="pallas", logprobs_impl="pallas")
+    """A preset's attention and head-matmul implementations reach a model read from a checkpoint's config."""
+    preset = dataclasses.replace(tiny(), attention_impl="pallas", head_matmul_impl="bf16x3")
     got = model_from_checkpoint(preset, tiny())
-    assert (got.attention_impl, got.logprobs_impl) == ("pallas", "pallas")
+    assert (got.attention_impl, got.head_matmul_impl) == ("pallas", "bf16x3")
 
 
 def test_embedded_engine_generates_through_the_pallas_decode_kernel(monkeypatch):

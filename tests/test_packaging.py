@@ -86,7 +86,7 @@ def test_transformers_and_hf_kernels_import_beside_the_project(where, tmp_path):
     documented commands run) and from another directory it must get that package, not a folder of ours."""
     code = ("import importlib.metadata, json, kernels, transformers\n"
             f"from transformers import {HF_CLASSES}\n"
-            "import scalerl_jax.kernels.token_logprobs, scalerl_jax.kernels.attention\n"
+            "import scalerl_jax.kernels.attention\n"
             "installed = importlib.metadata.distribution('kernels').locate_file('kernels/__init__.py')\n"
             "print(json.dumps({'kernels': kernels.__file__, 'installed': str(installed),\n"
             "                  'transformers': transformers.__version__}))")
@@ -122,7 +122,7 @@ def test_a_wheel_installs_without_the_source_tree_and_its_scripts_run(tmp_path):
     (wheel,) = wheels.glob("scalerl_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"scalerl_jax"}
-    for must in ("scalerl_jax/kernels/token_logprobs.py", "scalerl_jax/experiments/math_8b.py"):
+    for must in ("scalerl_jax/kernels/attention.py", "scalerl_jax/experiments/math_8b.py"):
         assert must in names, must
     assert not [n for n in names if n.startswith("scalerl_jax/benchmarks/")]
 

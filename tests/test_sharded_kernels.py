@@ -17,9 +17,9 @@ def test_kernels_under_a_mesh_match_the_unsharded_reference(background):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(res) == {"kv2_fsdp2xtensor2", "kv2_fsdp4xtensor1", "kv1_fsdp2xtensor2"}
     for case, v in res.items():
-        # the log-prob kernel (forward, dh, dw) and the attention kernel (forward, backward) in the jitted train
-        # step: each inside a shard_map, none left for GSPMD to replicate
-        assert v["pallas_calls"]["outside"] == 0 and v["pallas_calls"]["inside"] >= 5, v
+        # the attention kernel (forward, dK/dV, dQ) in the jitted train step: each inside a shard_map, none left
+        # for GSPMD to replicate
+        assert v["pallas_calls"]["outside"] == 0 and v["pallas_calls"]["inside"] >= 3, v
         assert abs(v["loss_ref"]) > 1e-2 and v["update"] > 1e-4, (case, v)  # a real loss, a real step
         # what reordering the float32 work across the mesh and into the kernels can change (tests/tolerances.py)
         for key in ("loss", "grad_norm_rel", "params"):

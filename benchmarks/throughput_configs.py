@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         grid = configs(args.tokens, args.seq_len, args.head_matmul)
     except ValueError as e:
         ap.error(str(e))
-    from benchmarks.machine import describe, header
+    from scalerl_jax.benchmarks.machine import describe, header
 
     print(header(describe(matmul=False)), flush=True)
     rows = []

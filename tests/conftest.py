@@ -39,6 +39,21 @@ SMOKE_TIMEOUT_S = 3000
 # alone), generous for a loaded machine 4x slower than this one; not a speed limit
 HANG_S = 1800
 
+#: XLA:CPU's LLVM back end at optimisation level 0. It compiles a tiny train step in about half the time and runs it
+#: about 20 % slower: a gain where compiling is most of the cost (this process's tests, each compiling small programs
+#: once or a few times; AOT and dry runs; one-step comparisons on simulated meshes), a loss where running is (whole
+#: runs of many steps, NUTS chains, MoE dispatch: a Qwen3-MoE run took 9x longer). What a program computes is the
+#: same at any level up to float reassociation, which every tolerance allows (tests/tolerances.py).
+#: SCALERL_TEST_XLA_OPT=default keeps XLA's default level everywhere.
+OPT0 = "--xla_backend_optimization_level=0"
+#: the background checks (by name prefix) that compile far more than they run: they get OPT0 too
+COMPILE_BOUND = ("aot_", "dry_run_", "moe_ep_", "variant_runs", "sharded", "loo_", "gpu_check_cpu_smoke")
+
+
+def opt0_wanted() -> bool:
+    return os.environ.get("SCALERL_TEST_XLA_OPT", "") != "default"
+
+
 _OWN_CACHE = pytest.StashKey[str]()
 _OWN_WARM = pytest.StashKey[str]()
 
@@ -57,15 +72,18 @@ def pytest_configure(config):
         os.environ["JAX_COMPILATION_CACHE_DIR"] = config.stash[_OWN_CACHE] = tempfile.mkdtemp(
             prefix="scalerl_jax_xla_cache_")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    # XLA:CPU's LLVM back end at optimisation level 0 in every JAX process of the suite (subprocesses inherit
-    # XLA_FLAGS; a script that sets its own device count appends to it): the suite's programs are small and each
-    # compiled once or a few times, so compilation is most of their cost. Level 0 compiles a tiny train step in
-    # about half the time and runs it about 20 % slower, and takes 30-40 % off the CPU time of the compile-bound
-    # test files. What a program computes is the same at any level up to float reassociation, which every tolerance
-    # allows (tests/tolerances.py). SCALERL_TEST_XLA_OPT=default keeps XLA's default level.
-    if os.environ.get("SCALERL_TEST_XLA_OPT", "0") != "default" and \
-            "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+    # XLA:CPU's LLVM back end at optimisation level 0 in this process (see OPT0); its subprocesses keep XLA's default
+    # level, except the background checks named in COMPILE_BOUND (whole_runs)
+    if opt0_wanted() and OPT0 not in os.environ.get("XLA_FLAGS", "") and "jax" not in sys.modules:
+        before = os.environ.get("XLA_FLAGS")
+        os.environ["XLA_FLAGS"] = f"{before or ''} {OPT0}".strip()
+        import jax
+
+        jax.jit(lambda x: x + 1)(1).block_until_ready()  # XLA reads XLA_FLAGS once, at its first client and compile
+        if before is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = before
     # warm starts made by earlier runs on this machine are not reused (experiments/base_models.py): every test
     # session makes its own, as a clean clone's CI does; SCALERL_WARMSTART_CACHE=DIR keeps them across sessions
     if not os.environ.get("SCALERL_WARMSTART_CACHE"):
@@ -339,7 +357,10 @@ def whole_runs(request, tmp_path_factory):
         for mark in item.iter_markers("background"):
             name, args = mark.args
             if f"check:{name}" not in runs:
-                runs[f"check:{name}"] = BackgroundCheck(name, list(args), tmp_path_factory.mktemp(f"check_{name}"))
+                check = runs[f"check:{name}"] = BackgroundCheck(name, list(args),
+                                                                tmp_path_factory.mktemp(f"check_{name}"))
+                if opt0_wanted() and name.startswith(COMPILE_BOUND):
+                    check.env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT0}".strip()
     for item in request.session.items:
         if isinstance(item, LaneTest):
             out = tmp_path_factory.mktemp(f"lane_{item.name}"[:60])

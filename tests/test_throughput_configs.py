@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import throughput_configs as tc
+from scalerl_jax.benchmarks import throughput_configs as tc
 from scalerl_jax.models.presets import tiny
 
 

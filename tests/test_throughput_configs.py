@@ -1,8 +1,8 @@
 """benchmarks/throughput_configs.py: the grid it compiles and the fit it reports, on the tiny preset."""
 
 import pytest
-
 from scalerl_jax.benchmarks import throughput_configs as tc
+
 from scalerl_jax.models.presets import tiny
 
 

@@ -4,7 +4,7 @@
 # them. The locks (scripts/lock.sh) say what CI and the README's commands install; this says what a user who runs
 # `pip install scalerl_jax transformers` today gets, before it reaches the locks.
 #
-#   bash scripts/newest.sh                 # venv .venv-newest, the fast tests (-m "not slow and not heavy")
+#   bash scripts/newest.sh                 # venv .venv-newest, the fast tests (-m "not slow and not heavy and not extended")
 #   bash scripts/newest.sh -k hf_io        # extra arguments go to pytest instead of that -m
 #   bash scripts/newest.sh --strict        # exit 1 when a newest release breaks a test (CI runs it without)
 #
@@ -25,7 +25,7 @@ ARGS=()
 for a in "$@"; do
   if [ "$a" = "--strict" ]; then STRICT=1; else ARGS+=("$a"); fi
 done
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(-m "not slow and not heavy")
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(-m "not slow and not heavy and not extended")
 
 locked() {  # the version requirements-test.lock pins for $1 ('' when it pins none)
   grep -i -m1 "^$1==" requirements-test.lock | sed -E 's/^[^=]+==([^ ;]+).*/\1/' || true

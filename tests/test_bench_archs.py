@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from scalerl_jax.benchmarks.bench_archs import moe_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,7 @@ def test_the_moe_layers_have_the_same_active_expert_width_as_the_floor():
     assert qw.top_k * qw.expert_ffn_dim == 512
 
 
+@pytest.mark.extended
 def test_the_benchmark_runs_and_prints_its_ratios():
     out = subprocess.run(
         [sys.executable, "-m", "scalerl_jax.benchmarks.bench_archs", "--preset", "tiny", "--batch", "1", "--seq", "8",

@@ -173,6 +173,7 @@ def _moe_rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.lane  # a short MoE run of its own: in the background lane, after the smoke run
 def test_metrics_doc_covers_every_row_of_the_smoke_run_and_of_a_moe_run(smoke_run, tmp_path):
     rows = _rows(smoke_run / "metrics.jsonl") + _moe_rows(tmp_path / "moe")
     warm = _rows(smoke_run / "warmstart.jsonl")

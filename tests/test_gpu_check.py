@@ -30,6 +30,7 @@ def smoke(background):
     return json.loads(Path(r.args[-1]).read_text()), r.stdout
 
 
+@pytest.mark.extended
 @SMOKE
 def test_every_section_reports_finite_numbers(smoke):
     data, stdout = smoke
@@ -55,6 +56,7 @@ def test_every_section_reports_finite_numbers(smoke):
     assert "section" in stdout and "wrote" in stdout  # the printed table
 
 
+@pytest.mark.extended
 @SMOKE
 def test_mfu_rederived_from_recorded_sizes(smoke):
     data, _ = smoke

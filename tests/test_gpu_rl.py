@@ -60,6 +60,7 @@ def smoke(background):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @SMOKE
 def test_every_phase_runs_and_reports_every_field(smoke):
     r, doc, _ = smoke
@@ -82,6 +83,7 @@ def test_every_phase_runs_and_reports_every_field(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @SMOKE
 def test_the_validation_reward_rises(smoke):
     _, doc, _ = smoke
@@ -91,6 +93,7 @@ def test_the_validation_reward_rises(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @SMOKE
 def test_mfu_and_tokens_per_second_by_hand(smoke):
     """From metrics.jsonl and config.json of the run (not the numbers gpu_rl computed): the training FLOPs the

@@ -54,6 +54,7 @@ def _logp(h32, w, tgt, impl):
     return np.asarray(lp[0], np.float64)
 
 
+@pytest.mark.extended  # Llama-3.2-1B's head (D 2048, V 128,256): a GPU option's numerics at its real shape
 @pytest.mark.parametrize("impl", list(HEAD_MATMUL_TERMS))
 def test_each_option_within_its_rounding_bound_at_real_shapes(real_head, impl):
     h32, w32, tgt, ref, l2 = real_head
@@ -61,6 +62,7 @@ def test_each_option_within_its_rounding_bound_at_real_shapes(real_head, impl):
     assert err <= fp32_head.bound(impl, h32.shape[1], l2), (impl, err)
 
 
+@pytest.mark.extended
 def test_bf16x3_keeps_the_fp32_heads_mismatch(real_head):
     """bf16x3's own error is at most 1 % of the train/generator mismatch the IEEE float32 head has against a
     generator holding the head in bf16; the single-bf16 option is not (so the criterion tells them apart)."""

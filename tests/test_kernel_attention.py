@@ -38,6 +38,10 @@ from tests.tolerances import (
     own_error_tol,
 )
 
+#: the Pallas kernels run in interpret mode on a CPU: stand-ins for GPU-only code, seconds each, which the suite leaves
+#: to CI's extended checks (scripts/test.sh --extended); benchmarks/gpu_check.sh runs every test here on a GPU
+EXTENDED = pytest.mark.extended
+
 BLOCKS = dict(block=16, block_bwd=16)
 LR = 1e-2  # the train-step comparison's learning rate
 
@@ -93,7 +97,7 @@ CASES = [  # B, T, H, K, Dh, dtype, local chunk, traced flag
 
 
 @pytest.mark.parametrize("B, T, H, K, Dh, dtype, local, traced", CASES)
-@pytest.mark.parametrize("impl", ["pallas", "cudnn_layout"])
+@pytest.mark.parametrize("impl", [pytest.param("pallas", marks=EXTENDED), "cudnn_layout"])
 def test_kernel_equals_reference_values_and_grads(impl, B, T, H, K, Dh, dtype, local, traced, interp):
     q, k, v = _qkv(B, T, H, K, Dh, dtype)
     if impl == "pallas":
@@ -139,6 +143,7 @@ def _cfg_cache(impl: str, S: int, dtype="float32"):
     return cfg, init_cache(cfg, batch=3, max_len=S)
 
 
+@EXTENDED
 @pytest.mark.parametrize("S, local, dtype", [(300, 16, "float32"), (64, 0, "bfloat16")])
 def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
     """One decode step over a filled cache: a ragged cache length (300: padded to 2 splits of 160 slots) and an
@@ -175,6 +180,7 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
     assert max_rel(np.asarray(o_tr, np.float32).reshape(o_ref.shape), np.asarray(o_ref, np.float32)) <= tol
 
 
+@EXTENDED
 def test_model_decode_with_pallas_equals_reference():
     """The model's KV-cached path (prefill on the reference, then T = 1 decode steps through the Pallas decode
     kernel) in a Llama-4 layer scan whose chunk flag is traced: hidden states equal the reference model's, and the
@@ -213,6 +219,7 @@ def _rl_batch(cfg, B=2, T=24):
     }
 
 
+@EXTENDED
 def test_train_step_with_pallas_attention_equals_reference_step():
     """Llama-4 shapes with every layer MoE (one layer scan, the RoPE / NoPE choice and the chunk flag traced):
     layer 0 RoPE with 16-position local chunks, layer 1 NoPE and global; T = 24, ragged against the kernel's
@@ -298,6 +305,7 @@ def test_run_path_carries_the_kernel_choices():
     assert (got.attention_impl, got.head_matmul_impl) == ("pallas", "bf16x3")
 
 
+@EXTENDED
 def test_embedded_engine_generates_through_the_pallas_decode_kernel(monkeypatch):
     """The engine the run path builds decodes through ``attention_impl`` (prefill keeps the reference): greedy
     generation with the Pallas decode kernel gives the reference engine's tokens and sampling log-probs, on a

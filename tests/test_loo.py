@@ -74,6 +74,7 @@ def micro_study(out_dir: str) -> dict:
     return res
 
 
+@pytest.mark.extended
 @pytest.mark.background("loo_micro_study", ["tests/_loo_study.py", "{out}"])
 def test_loo_shares_the_warm_start_skips_finished_runs_and_compares(background):
     from pathlib import Path
@@ -235,6 +236,7 @@ def seeds_compared(out_dir: str) -> dict:
     return {"dirs": [str(d) for d in dirs], "cmp": str(Path(out_dir) / "cmp"), "over_seeds": summary["over_seeds"]}
 
 
+@pytest.mark.extended
 @pytest.mark.background("loo_seeds_compared", ["tests/_loo_study.py", "{out}", "compare"])
 def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
     from pathlib import Path

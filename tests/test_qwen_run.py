@@ -47,6 +47,7 @@ def make_base(tmp_path, arch):
     return base, data
 
 
+@pytest.mark.extended
 @pytest.mark.lane
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_small_preset_runs_on_a_qwen_base(tmp_path, arch):

@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.extended  # the Pallas kernels in interpret mode (CPU stand-ins for GPU code): CI runs them
 @pytest.mark.background("sharded_kernels", ["tests/_sharded_kernels_check.py"])
 def test_kernels_under_a_mesh_match_the_unsharded_reference(background):
     r = background["sharded_kernels"]

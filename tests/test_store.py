@@ -77,6 +77,7 @@ def test_an_unfinished_run_is_not_stored_and_a_half_copy_is_not_a_stored_run(tmp
     assert store.stored_run(tmp_path / "store", "scalerl_s0") is None
 
 
+@pytest.mark.extended  # three fits and their plots, twice: a study, as the leave-one-out studies are
 def test_a_study_runs_only_what_the_store_lacks_and_compares_the_stored_runs(tmp_path, fake_runs, capsys):
     kept = tmp_path / "results" / "study"
     for variant, a in (("scalerl", 0.8), ("dapo", 0.5)):

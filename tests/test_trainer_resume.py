@@ -61,6 +61,7 @@ HOLD = 7  # the victim is killed in the train step after step 7: mid-round (K = 
 # steps take under a minute on an idle 2-core machine; the two first runs share it), not a speed limit
 
 
+@pytest.mark.lane  # three driver processes, a minute or more: in the background lane (tests/conftest.py)
 def test_sigkill_and_resume_is_contiguous_and_bit_identical(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     full.mkdir()

@@ -88,6 +88,8 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                   + " | ".join(f"{e.get(k, float('nan')):.3f}" for k in keys) + " |" for e in evals]
         lines.append("")
     if fit_summary and "runs" in fit_summary:
+        from scalerl_jax.scaling.report import trust_lines
+
         for name, e in fit_summary["runs"].items():
             b = e["bayes"]["summary"] if "summary" in e["bayes"] else e["bayes"]
             p = e["prediction"]
@@ -109,6 +111,7 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                              f"{h['error_nearest_target']:+.3f}; {'inside' if covered else 'outside'} the 90% "
                              f"interval. Over all {h['n']} held-out points: mean |error| {h['mean_abs_error']:.3f}, "
                              f"{h['fraction_in_90']:.0%} inside their 90% intervals.")
+            lines += trust_lines(e)
             lines += ["", "Plots and the fit's own report: `fit/` (fit_*.png, A_posteriors.png, efficiency.png).", ""]
     elif fit_summary:
         lines += ["## Scaling fit", "", f"The fit failed: {fit_summary.get('error')}", ""]

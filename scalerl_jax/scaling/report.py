@@ -16,6 +16,7 @@ from .grid import fit_grid
 from .io import TASK_PREFIX, RunCurve, fit_window, load_run, task_keys
 from .plots import markdown_table, plot_A_posteriors, plot_efficiency, plot_fit, plot_table, save
 from .powerlaw import fit_power_law
+from .trust import a_bound, departure
 
 __all__ = ["fit_runs"]
 
@@ -157,6 +158,8 @@ def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_
         "grid": grid.to_dict(),
         "power_law": None if power is None else power.to_dict(),
         "warnings": notes,
+        # how far to trust it: A's upper end at the prior's bound, and the first later eval off the fitted law
+        "trust": {"A": a_bound(post), "departure": departure(curve, mask, post)},
     }
     if np.any(held):
         entry["held_out"] = _held_out(curve, held, post, target)
@@ -262,6 +265,24 @@ def fit_runs(
     return summary
 
 
+def trust_lines(e: dict) -> list[str]:
+    """What the report says of the fit's trust (scaling/trust.py): A's interval at the prior's bound, and the first
+    later eval where the run left its fitted law."""
+    t = e.get("trust") or {}
+    lines = []
+    a = t.get("A")
+    if a and a["at_bound"]:
+        lines.append(f"A's 90 % interval [{a['lo']:.3f}, {a['hi']:.3f}] runs up to the prior's bound (A <= "
+                     f"{a['bound']:g}, a pass rate's maximum): its upper end is the bound, not the data, which pin "
+                     f"only the lower end, A >= {a['lo']:.3f}.")
+    d = t.get("departure")
+    if d and d["step"] is not None:
+        lines.append(f"**The run left its fitted law at step {d['step']}** ({e['compute_key']} = {d['compute']:.4g}): "
+                     f"{d['reason']}; {d['outside']} of {d['n_held']} later evals lie outside the predictive band. "
+                     "The extrapolation past that point is not to be trusted.")
+    return lines
+
+
 def _markdown(summary: dict, posteriors: dict, pairwise: list) -> str:
     """report.md: per run the fit window, the prediction, how it held up on later evals and the diagnostics;
     then the parameter table and the paper's comparison rule for every pair."""
@@ -287,6 +308,7 @@ def _markdown(summary: dict, posteriors: dict, pairwise: list) -> str:
             )
         else:
             lines.append("The run stops at the fit window: no held-out evals to check the prediction against.")
+        lines += trust_lines(e)
         b = e["bayes"]
         lines.append(
             f"Diagnostics: max r_hat {max(b['r_hat'].values(), default=float('nan')):.3f}, min ESS "

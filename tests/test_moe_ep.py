@@ -12,6 +12,7 @@ from tests.conftest import HANG_S
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.extended  # expert parallelism on 8 simulated devices (the Scout / Qwen3-MoE presets' GPU layout)
 @pytest.mark.background("moe_ep_core", ["tests/_moe_ep_check.py", "core"])
 def test_expert_parallel_matches_dense_dispatch_on_8_devices(background):
     """Pure expert parallelism and fsdp x tensor x expert (every axis at once)."""

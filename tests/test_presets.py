@@ -131,6 +131,7 @@ def variant_runs(out_dir: str) -> dict:
     return res
 
 
+@pytest.mark.extended  # every leave-one-out variant's short run: a study's runs, one of CI's extended checks
 @pytest.mark.background("variant_runs", ["tests/_variant_runs.py", "{out}"])
 def test_every_variant_runs_a_few_steps(background):
     res = printed_json(background["variant_runs"])

@@ -8,7 +8,7 @@ set +e
 TUNABLES="$(.venv/bin/python -c 'from scalerl_jax.hostmem import hugepage_tunables as t; print(t() or "")')"
 if [ -n "$TUNABLES" ]; then export GLIBC_TUNABLES="$TUNABLES"; fi
 # the 15 slowest tests close every run (a later --durations=N overrides it; --cpu-durations N lists CPU time).
-# The suite is every test but two kinds, so that it stays under 20 minutes on 2 cores: those marked extended (checks
+# The suite is every test but two kinds, so that it aims at 20 minutes on 2 cores: those marked extended (checks
 # of minutes that CI runs besides it: --extended runs only them) and those marked heavy (end-to-end checks of several
 # minutes whose path the suite covers otherwise: --heavy runs everything, both kinds included).
 # A -m EXPR of the caller narrows that selection (-m "not slow": the suite without its whole runs).

@@ -86,13 +86,12 @@ def departure(curve, fit_mask, post, *, consecutive: int = 3, fall_z: float = 4.
                         f"{100 * interval:.0f} % predictive band (from step {int(curve.step[i])} on)")
             break
     if has_counts:  # a fall from the best eval so far by more than two evals' noise allows
-        best = np.maximum.accumulate(curve.reward)
         n = curve.val_n.astype(float)
         for i in held:
-            j = int(np.argmax(curve.reward[: i + 1]))
+            j = int(np.argmax(curve.reward[: i + 1]))  # the best eval so far
             pb, p = curve.reward[j], curve.reward[i]
             sd = np.sqrt(pb * (1 - pb) / n[j] + p * (1 - p) / n[i])
-            if best[i] - p > fall_z * max(sd, 1.0 / n[i]):
+            if pb - p > fall_z * max(sd, 1.0 / n[i]):
                 if first is None or i < first[0]:
                     first = (i, f"a fall from the best eval so far ({pb:.3f} at step {int(curve.step[j])}) to "
                                 f"{p:.3f}: {(pb - p) / max(sd, 1.0 / n[i]):.1f} standard deviations of two evals' "

@@ -20,7 +20,9 @@ import time
 import warnings
 from pathlib import Path
 
-from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history
+import numpy as np
+
+from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason
 
 
 def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None, min_evals: int = 5,
@@ -48,11 +50,20 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
     out = {"run": str(run_dir), "evals": len(evals), "forecasts": len(forecasts), "final_reward": last["val_reward"],
            "final_compute": last[compute_key], "held_from_fraction": h["held_from_fraction"] if h else None,
            "last_A": [forecasts[-1][k] for k in ("A_mean", "A_lo", "A_hi")] if forecasts else None,
-           "seconds": time.perf_counter() - t0}
+           "seconds": time.perf_counter() - t0,
+           "refit_seconds": [float(np.median([r["fit_seconds"] for r in forecasts])),
+                             float(np.max([r["fit_seconds"] for r in forecasts]))] if forecasts else None}
     if baseline is not None:
         out["stopped_at_step"] = stop["step"] if stop else None
         out["compute_saved_fraction"] = (1 - stop["compute"] / last[compute_key]) if stop else 0.0
         out["last_P_A_gt_baseline"] = forecasts[-1].get("P_A_gt_baseline") if forecasts else None
+        # the decision "became true" at the first forecast from which every later one meets the rule; the stop fires
+        # this many evals after it (the confirmations' cost)
+        meets = [stop_reason(r, stop_if_worse, stop_min_evals) is not None for r in forecasts]
+        true_from = next((i for i in range(len(meets)) if all(meets[i:])), None)
+        out["true_from_step"] = forecasts[true_from]["step"] if true_from is not None else None
+        out["evals_to_fire"] = (forecasts.index(stop) - true_from) if stop is not None and true_from is not None \
+            else None
     return out
 
 
@@ -68,17 +79,23 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     results = [replay(d, baseline=a.baseline, stop_if_worse=a.stop_if_worse if a.baseline else None,
                       confirmations=a.confirmations, compute_key=a.compute_key) for d in a.run_dirs]
-    print("| run | evals | forecasts | final reward | every interval held it from | last A [90 %] |"
-          + (" stopped at step | compute saved | last P(A > A_base) |" if a.baseline else ""))
-    print("|---|---|---|---|---|---|" + ("---|---|---|" if a.baseline else ""))
+    print("| run | evals | forecasts | refit s (median, max) | final reward | every interval held it from | "
+          "last A [90 %] |" + (" worse from step | stopped at step | evals after | compute saved | "
+                               "last P(A > A_base) |" if a.baseline else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|---|---|" if a.baseline else ""))
     for r in results:
         held = "never" if r["held_from_fraction"] is None else f"{r['held_from_fraction']:.0%} of compute"
         a_txt = "-" if r["last_A"] is None else f"{r['last_A'][0]:.3f} [{r['last_A'][1]:.3f}, {r['last_A'][2]:.3f}]"
-        line = f"| {r['run']} | {r['evals']} | {r['forecasts']} | {r['final_reward']:.3f} | {held} | {a_txt} |"
+        secs = "-" if r["refit_seconds"] is None else f"{r['refit_seconds'][0]:.1f}, {r['refit_seconds'][1]:.1f}"
+        line = (f"| {r['run']} | {r['evals']} | {r['forecasts']} | {secs} | {r['final_reward']:.3f} | {held} | "
+                f"{a_txt} |")
         if a.baseline:
             p = r["last_P_A_gt_baseline"]
-            line += (f" {r['stopped_at_step'] if r['stopped_at_step'] is not None else 'not stopped'} | "
-                     f"{r['compute_saved_fraction']:.0%} | {'-' if p is None else f'{p:.3f}'} |")
+            dash = lambda x: "-" if x is None else x  # noqa: E731
+            line += (f" {dash(r['true_from_step'])} | "
+                     f"{r['stopped_at_step'] if r['stopped_at_step'] is not None else 'not stopped'} | "
+                     f"{dash(r['evals_to_fire'])} | {r['compute_saved_fraction']:.0%} | "
+                     f"{'-' if p is None else f'{p:.3f}'} |")
         print(line)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))

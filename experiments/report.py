@@ -88,7 +88,7 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                   + " | ".join(f"{e.get(k, float('nan')):.3f}" for k in keys) + " |" for e in evals]
         lines.append("")
     if fit_summary and "runs" in fit_summary:
-        from scalerl_jax.scaling.report import trust_lines
+        from scalerl_jax.scaling.report import held_text, interval_text, trust_lines
 
         for name, e in fit_summary["runs"].items():
             b = e["bayes"]["summary"] if "summary" in e["bayes"] else e["bayes"]
@@ -103,14 +103,11 @@ def write_report(run_dir: Path, plan: ExperimentPlan, summary: dict, fit_summary
                     s = b[k]
                     lines.append(f"- {k}: mean {s['mean']:.4g}, 90% interval [{s['lo']:.4g}, {s['hi']:.4g}]")
             lines += ["", f"Predicted reward at {_compute(e['target_compute'], key)}: {p['mean']:.3f} "
-                      f"(90% interval [{p['lo']:.3f}, {p['hi']:.3f}]); grid fit {p['grid']:.3f}."]
+                      f"({interval_text(p)}); grid fit {p['grid']:.3f}."]
             if "held_out" in e:
                 h = e["held_out"]
-                covered = p["lo"] <= h["observed_nearest_target"] <= p["hi"]
                 lines.append(f"Measured at the end: {h['observed_nearest_target']:.3f}; error "
-                             f"{h['error_nearest_target']:+.3f}; {'inside' if covered else 'outside'} the 90% "
-                             f"interval. Over all {h['n']} held-out points: mean |error| {h['mean_abs_error']:.3f}, "
-                             f"{h['fraction_in_90']:.0%} inside their 90% intervals.")
+                             f"{h['error_nearest_target']:+.3f}; {held_text(h)}.")
             lines += trust_lines(e)
             lines += ["", "Plots and the fit's own report: `fit/` (fit_*.png, A_posteriors.png, efficiency.png).", ""]
     elif fit_summary:
@@ -134,8 +131,9 @@ def forecast_lines(summary: dict) -> list[str]:
         return lines
     lines += ["## The forecast while it ran", "",
               f"{h['n']} refits of the law on every eval so far (refit process: {f.get('fit_seconds', 0):.0f}s, "
-              f"{f.get('share_of_wall', 0):.1%} of the RL wall time; {f.get('skipped_for_budget', 0)} evals' refits "
-              "skipped for the time budget). Last forecast: A "
+              f"{f.get('share_of_wall', 0):.1%} of the RL wall time"
+              + (f"; {f['fit_cpu_seconds']:.0f}s of CPU, {f['cpu_share']:.1%}" if "cpu_share" in f else "")
+              + f"; {f.get('skipped_for_budget', 0)} evals' refits skipped for the budget). Last forecast: A "
               f"{h['A_mean'][-1]:.3f} [{h['A_lo'][-1]:.3f}, {h['A_hi'][-1]:.3f}], predicted final reward "
               f"{h['R_target_mean'][-1]:.3f} [{h['R_target_lo'][-1]:.3f}, {h['R_target_hi'][-1]:.3f}] at "
               f"{h['target_compute'][-1]:.4g}."]
@@ -285,6 +283,7 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
                      f"{stat(e, 'C_mid').get('mean', float('nan')):.4g} | {pa} | {pb} |")
     if fit_until < 1 and runs:
         lines += _prediction_table(runs, fit_until, compute_key)
+        lines += _another_seed_table(runs, {n: loaded[n] for n in runs if n in loaded}, posteriors, fit_until)
     seeds = _seed_average(runs, posteriors, out, reference)
     if seeds:
         lines += _seed_table(seeds, reference)
@@ -301,10 +300,11 @@ def compare(run_dirs: list[Path], out: Path, reference: str = "scalerl", fit_unt
 
 def _prediction_table(runs: dict, fit_until: float, compute_key: str) -> list[str]:
     """The half-compute protocol per run (fit on the first ``fit_until``, predict the last eval) and, per variant,
-    the mean |error| over its seeds, how many predictions the 90 % interval covered, and the mean width of A's
-    90 % interval."""
+    the mean |error| over its seeds, how many last evals the 90 % interval of one eval covered (the mean curve's
+    interval plus the eval's own noise), and the mean width of A's 90 % interval."""
     lines = ["", f"## Prediction from the first {fit_until:.0%} of compute (`{compute_key}`)", "",
-             "| run | predicted end (90% CI) | observed | error | covered | A 90% width |", "|---|---|---|---|---|---|"]
+             "| run | predicted end (90% interval of one eval) | observed | error | covered | A 90% width |",
+             "|---|---|---|---|---|---|"]
     per_variant: dict[str, list] = {}
     for name, e in runs.items():
         if "held_out" not in e:
@@ -312,15 +312,52 @@ def _prediction_table(runs: dict, fit_until: float, compute_key: str) -> list[st
         p, h = e["prediction"], e["held_out"]
         a = e["bayes"].get("summary", e["bayes"])["A"]
         err, width = h["error_nearest_target"], a["hi"] - a["lo"]
-        covered = p["lo"] <= h["observed_nearest_target"] <= p["hi"]
+        lo, hi = (p["eval_lo"], p["eval_hi"]) if "eval_lo" in p else (p["lo"], p["hi"])
+        covered = h.get("inside_nearest_target", lo <= h["observed_nearest_target"] <= hi)
         per_variant.setdefault(variant_seed(name)[0], []).append((abs(err), covered, width))
-        lines.append(f"| {name} | {p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {h['observed_nearest_target']:.3f} "
+        lines.append(f"| {name} | {p['mean']:.3f} [{lo:.3f}, {hi:.3f}] | {h['observed_nearest_target']:.3f} "
                      f"| {err:+.3f} | {'yes' if covered else 'no'} | {width:.3f} |")
     lines += ["", "| variant | seeds | mean abs error | covered | mean A 90% width |", "|---|---|---|---|---|"]
     for v, rows in per_variant.items():
         errs, cov, widths = zip(*rows)
         lines.append(f"| {v} | {len(rows)} | {sum(errs) / len(rows):.3f} | {sum(cov)}/{len(rows)} | "
                      f"{sum(widths) / len(rows):.3f} |")
+    return lines
+
+
+def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: float) -> list[str]:
+    """Where another seed of a recipe would end: for a variant with two or more fitted seeds, the run-to-run spread
+    from the seeds' fit windows alone (``trust.seed_spread``) widens each run's 90 % interval of one eval; the table
+    says how many of the other seeds' last evals it holds (each at its own compute and eval size)."""
+    from scalerl_jax.scaling.io import fit_window
+    from scalerl_jax.scaling.trust import predictive_band, seed_spread
+
+    by_variant: dict[str, list[str]] = {}
+    for name in runs:
+        if name in curves and name in posteriors:
+            by_variant.setdefault(variant_seed(name)[0], []).append(name)
+    by_variant = {v: names for v, names in by_variant.items() if len(names) >= 2}
+    if not by_variant:
+        return []
+    lines = ["", "## Where another seed would end", "",
+             "Each run's 90 % interval of one eval at the end, widened by its recipe's run-to-run spread (estimated "
+             f"from the seeds' first {fit_until:.0%} alone: two seeds' curves differ by sd s), held against the other "
+             "seeds' last evals.", "",
+             "| run | s (two seeds) | another seed's end (90%) | other seeds' ends inside |", "|---|---|---|---|"]
+    for names in by_variant.values():
+        spread = seed_spread([(curves[n], fit_window(curves[n], fit_until)[0]) for n in names])
+        for n in names:
+            post, inside, bands = posteriors[n], 0, []
+            for o in names:
+                if o == n:
+                    continue
+                c = curves[o]
+                nk = None if c.val_n is None else c.val_n[-1:] * c.val_k[-1:]
+                lo, hi = predictive_band(post, c.compute[-1:], nk=nk, seed_sd=spread)
+                bands.append((float(lo[0]), float(hi[0])))
+                inside += int(lo[0] <= c.reward[-1] <= hi[0])
+            lo, hi = min(b[0] for b in bands), max(b[1] for b in bands)
+            lines.append(f"| {n} | {spread:.3f} | [{lo:.3f}, {hi:.3f}] | {inside} of {len(names) - 1} |")
     return lines
 
 

@@ -529,8 +529,9 @@ class ForecastConfig:
     num_samples: int = 300  # NUTS draws per chain of each refit
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
     num_warmup: int = 200  # NUTS adaptation steps of each refit (warm-started from the previous refit)
-    #: skip an eval's refit while the refits so far took more than this share of the run's wall time (the refit
-    #: process runs at low priority on the CPU, never on the accelerators); not under --stop-if-worse, whose rule
+    #: skip an eval's refit while the refits so far took more CPU time than this share of the run's wall time (the
+    #: refit process runs at low priority on the CPU, never on the accelerators: on a loaded machine its refits wait
+    #: longer but take no more, so its own CPU time is what is counted); not under --stop-if-worse, whose rule
     #: needs every forecast the refit process can make
     max_share: float = 0.1
     nice: int = 10  # the refit process's scheduling niceness (0-19; higher: less CPU taken from training)

@@ -177,7 +177,8 @@ def main(argv=None) -> int:
         return 2
     for name, e in summary["runs"].items():
         p = e["prediction"]
-        msg = f"{name}: R({e['target_compute']:.4g}) = {p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]"
+        msg = (f"{name}: R({e['target_compute']:.4g}) = {p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}], one eval "
+               f"there [{p['eval_lo']:.3f}, {p['eval_hi']:.3f}]")
         if "held_out" in e:
             h = e["held_out"]
             msg += f"; error at {h['compute_nearest_target']:.4g}: {h['error_nearest_target']:+.3f}"

@@ -188,6 +188,7 @@ def test_stop_if_worse_stops_a_run_behind_its_baseline(smoke_run, tmp_path, monk
 
 @pytest.mark.slow
 @pytest.mark.lane
+@pytest.mark.extended  # 2.5 minutes of the lane; the suite's learning check is the smoke run's own gain (above)
 def test_rl_learns_a_fixed_prompt_set(smoke_run, tmp_path):
     """The whole RL loop (engine sampling, rewards, advantages, CISPO, train step, weight pushes) must raise the
     pass rate on prompts it trains on: by at least 0.25 in 24 on-policy steps at lr 1e-4 on 32 fixed prompts of the

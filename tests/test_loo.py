@@ -251,6 +251,7 @@ def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
     text = (cmp / "comparison.md").read_text()
     assert "## Over seeds" in text and (cmp / "A_over_seeds.png").stat().st_size > 0
     # the prediction table: per run the first half's prediction of the last eval, and each variant's mean error
+    text, seeds_part = text.split("## Where another seed would end")
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")] for r in text.splitlines()
             if r.startswith("| ") and "]" in r and "_s" in r.split("|")[1]}
     last = {d.name: json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])["val_reward"] for d in dirs}
@@ -260,6 +261,14 @@ def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
             # a clean sigmoid past its midpoint extrapolates well: within the prediction's own interval's width
             assert abs(float(cells[4])) <= float(cells[6]) + PRINTED, cells
     assert "| scalerl | 2 |" in text and "| gspo | 2 |" in text
+    # where another seed would end: each run's interval widened by the spread of its recipe's two seeds (their truths
+    # 0.01 apart, noise 0.005 each: two seeds' curves then differ by about sqrt(0.01^2 + 2 x 0.005^2) = 0.012 sd),
+    # held against the other seed's last eval
+    other = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")] for r in seeds_part.splitlines()
+             if r.startswith("| ") and "_s" in r.split("|")[1]}
+    assert set(other) == {d.name for d in dirs}
+    assert all(0 < float(cells[2]) < 0.05 for cells in other.values()), other
+    assert sum(cells[4] == "1 of 1" for cells in other.values()) >= 3, other
 
 
 def _micro_own_plan(seed: int = 0):

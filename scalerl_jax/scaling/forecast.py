@@ -22,6 +22,7 @@ from .bayes import SigmoidPosterior, fit_bayes, fit_bayes_batch
 from .compare import A_MARGIN, prob_greater
 from .io import load_run
 from .report import _bayes_inputs
+from .trust import predictive_band
 
 __all__ = ["Forecaster", "StopRule", "forecast_history", "stop_reason", "target_compute"]
 
@@ -39,22 +40,16 @@ def target_compute(compute: float, step: int, total_steps: int) -> float:
 
 def observed_interval(post: SigmoidPosterior, compute: float, n_prompts: float | None, k_samples: float | None,
                       seed: int = 0) -> tuple[float, float]:
-    """The 90 % posterior predictive interval of one eval's measured reward at ``compute``: the mean curve's
-    uncertainty plus the eval's own noise, as the fit's likelihood models it (with eval counts: variance
-    max(mu (1 - mu), 1 / nk) / nk x dispersion; otherwise a Normal of sd sigma). A single eval is what a run ends
-    with, so this is the interval to hold its final value against."""
-    mu = post.curves([compute], max_samples=None)[:, 0]
-    rng = np.random.default_rng(seed)
-    if "dispersion" in post.samples and n_prompts and k_samples:
-        nk = float(n_prompts) * float(k_samples)
-        sd = np.sqrt(np.maximum(mu * (1.0 - mu), 1.0 / nk) / nk * post.samples["dispersion"])
-    elif "sigma" in post.samples:
-        sd = post.samples["sigma"]
-    else:
-        sd = np.zeros_like(mu)
-    obs = mu + sd * rng.standard_normal(mu.size)
-    q = (1.0 - INTERVAL) / 2.0
-    return float(np.quantile(obs, q)), float(np.quantile(obs, 1.0 - q))
+    """The 90 % posterior predictive interval of one eval's measured reward at ``compute``
+    (:func:`scalerl_jax.scaling.trust.predictive_band`: the mean curve's uncertainty plus the eval's own noise as the
+    fit's likelihood models it). A single eval is what a run ends with, so this is the interval to hold its final
+    value against."""
+    nk = float(n_prompts) * float(k_samples) if n_prompts and k_samples else None
+    if post.likelihood == "counts" and nk is None:
+        mu = post.predict([compute], interval=INTERVAL)
+        return float(mu[1][0]), float(mu[2][0])  # no eval size to add its noise: the mean curve's interval
+    lo, hi = predictive_band(post, [compute], nk=nk, interval=INTERVAL, seed=seed, max_samples=None)
+    return float(lo[0]), float(hi[0])
 
 
 class Forecaster:

@@ -14,8 +14,8 @@ busy with the trainer and its generators, the process got so little CPU that its
 a whole smoke run: hence a middle value.)
 
 Protocol: one JSON object per line. The trainer sends ``{"total_steps": N}``; the process answers
-``{"row": {...} | null, "seconds": s}`` (null while there are fewer evals than ``min_evals``) or
-``{"error": "..."}``. It exits when its stdin closes.
+``{"row": {...} | null, "seconds": s, "cpu_seconds": c}`` (row null while there are fewer evals than ``min_evals``;
+the refit's wall time and the process's own CPU time) or ``{"error": "..."}``. It exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class LiveForecast:
         self.run_dir, self.cfg, self.total_steps, self.log = Path(run_dir), cfg, int(total_steps), log
         self.t0 = time.monotonic()
         self.fit_seconds = 0.0  # wall time the refit process spent on the refits so far (not its start-up)
+        self.fit_cpu_seconds = 0.0  # CPU time the refit process's own threads spent on them (what the budget counts)
         self._started = False  # the first reply came back (the process had imported JAX and compiled)
         self.busy_since: float | None = None
         self.pending = False  # an eval arrived while a refit ran (or was skipped for the budget)
@@ -97,15 +98,16 @@ class LiveForecast:
         return self.busy_since is not None
 
     def share(self) -> float:
-        """The refits' wall time so far over the run's, counting a refit in flight."""
-        busy = self.fit_seconds + (time.monotonic() - self.busy_since if self.busy and self._started else 0.0)
-        return busy / max(time.monotonic() - self.t0, 1e-9)
+        """The CPU time the refits took so far over the run's wall time. CPU, not wall: the refit process runs at a
+        lower priority, so on a loaded machine a refit waits longer for its core but takes no more from training;
+        counting its wall time would starve the forecast exactly when the machine is busy."""
+        return self.fit_cpu_seconds / max(time.monotonic() - self.t0, 1e-9)
 
     def _within_budget(self) -> bool:
         """Whether a refit may be asked for now: always under ``--stop-if-worse`` (the stop rule acts only on
         forecasts, and a busy machine that slows the refits must not also starve the rule of them: a run that
         should stop would then train to its end), otherwise while the refits so far took at most
-        ``cfg.max_share`` of the run's wall time. Either way one refit at a time, never waited for."""
+        ``cfg.max_share`` of the run's wall time in CPU time. Either way one refit at a time, never waited for."""
         return self.cfg.stop_if_worse is not None or self.share() <= self.cfg.max_share
 
     def _send(self) -> None:
@@ -126,8 +128,8 @@ class LiveForecast:
 
     def after_eval(self, force: bool = False) -> None:
         """An eval row was written: ask for a refit, unless one is running (then it is asked for when that one
-        returns) or the refits so far took more than ``cfg.max_share`` of the run's wall time without a stop rule
-        (:meth:`_within_budget`; ``force``: ask anyway, for the last eval)."""
+        returns) or the refits so far took more CPU time than ``cfg.max_share`` of the run's wall time without a stop
+        rule (:meth:`_within_budget`; ``force``: ask anyway, for the last eval)."""
         if self.dead is not None:
             return
         if self._evals is None:  # the first call: count the evals on file (a resumed run has earlier ones)
@@ -165,6 +167,7 @@ class LiveForecast:
                 break
             if self.busy and self._started:  # the first request waited for the start-up: not a refit's cost
                 self.fit_seconds += time.monotonic() - self.busy_since
+            self.fit_cpu_seconds += float(reply.get("cpu_seconds", 0.0))  # measured by the refit itself
             self._started = True
             self.busy_since = None
             if "error" in reply:
@@ -246,17 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[forecast] refit process {os.getpid()} ready for {a.run_dir} (started and compiled in "
           f"{time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
     for line in sys.stdin:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         try:
             req = json.loads(line)
             row = fc.refit(total_steps=req.get("total_steps"))
-            reply = {"row": row, "seconds": time.perf_counter() - t0}
+            reply = {"row": row, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0}
         except Exception as e:  # noqa: BLE001 -- one failed refit is reported, the next eval tries again
             reply = {"error": f"{type(e).__name__}: {e}"}
         if reply.get("row") is not None:
             r = reply["row"]
             print(f"[forecast] step {r['step']}: A {r['A_mean']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}] in "
-                  f"{reply['seconds']:.1f}s", file=sys.stderr, flush=True)
+                  f"{reply['seconds']:.1f}s ({reply['cpu_seconds']:.1f}s CPU)", file=sys.stderr, flush=True)
         sys.stdout.write(json.dumps(reply, default=float) + "\n")
         sys.stdout.flush()
     return 0

@@ -16,7 +16,7 @@ from .grid import fit_grid
 from .io import TASK_PREFIX, RunCurve, fit_window, load_run, task_keys
 from .plots import markdown_table, plot_A_posteriors, plot_efficiency, plot_fit, plot_table, save
 from .powerlaw import fit_power_law
-from .trust import a_bound, departure
+from .trust import a_bound, departure, predictive_band
 
 __all__ = ["fit_runs"]
 
@@ -109,19 +109,34 @@ def _fit_posteriors(inputs: dict, notes: dict, *, seed, num_samples, num_chains,
     return posteriors
 
 
+def _eval_sizes(curve: RunCurve, idx) -> np.ndarray | None:
+    """val_n x val_k of the evals at ``idx`` (None when the run's eval rows do not carry them)."""
+    return None if curve.val_n is None else (curve.val_n * curve.val_k)[idx]
+
+
 def _held_out(curve: RunCurve, held: np.ndarray, post, target: float) -> dict:
-    """How the prediction fares on the evals after the fit window (the paper's check of the extrapolation)."""
-    pm, plo, phi = post.predict(curve.compute[held])
+    """How the prediction fares on the evals after the fit window (the paper's check of the extrapolation).
+
+    An eval is the mean curve plus its own noise, so each is held against the 90 % predictive interval of one eval
+    (``fraction_in_90``; trust.predictive_band at the eval's own val_n x val_k); ``fraction_in_90_mean_curve`` is
+    the share inside the mean curve's band, which is too narrow for single evals by construction."""
+    c = curve.compute[held]
+    pm, plo, phi = post.predict(c)
+    elo, ehi = predictive_band(post, c, nk=_eval_sizes(curve, held))
     obs = curve.reward[held]
-    last = int(np.argmin(np.abs(curve.compute[held] - target)))
+    last = int(np.argmin(np.abs(c - target)))
+    inside = (obs >= elo) & (obs <= ehi)
     return {
         "n": int(held.sum()),
         "mean_abs_error": float(np.mean(np.abs(obs - pm))),
-        "fraction_in_90": float(np.mean((obs >= plo) & (obs <= phi))),
-        "compute_nearest_target": float(curve.compute[held][last]),
+        "fraction_in_90": float(np.mean(inside)),
+        "fraction_in_90_mean_curve": float(np.mean((obs >= plo) & (obs <= phi))),
+        "compute_nearest_target": float(c[last]),
         "observed_nearest_target": float(obs[last]),
         "predicted_nearest_target": float(pm[last]),
         "error_nearest_target": float(obs[last] - pm[last]),
+        "eval_interval_nearest_target": [float(elo[last]), float(ehi[last])],
+        "inside_nearest_target": bool(inside[last]),
     }
 
 
@@ -143,6 +158,9 @@ def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_
     target = float(target_compute) if target_compute else (
         float(curve.compute.max()) if np.any(held) else 2.0 * limit)
     mean_t, lo_t, hi_t = (float(v[0]) for v in post.predict([target]))
+    # one eval at the target, as large as the run's last: what a measured end is held against
+    last_nk = _eval_sizes(curve, [-1])
+    eval_lo, eval_hi = (float(v[0]) for v in predictive_band(post, [target], nk=last_nk))
     entry = {
         "path": curve.path,
         "compute_key": curve.compute_key,
@@ -151,7 +169,7 @@ def _fit_run(curve: RunCurve, window, post, notes: list, *, excl: float, target_
         "n_fit": int(np.sum(mask & (curve.compute >= excl))),
         "fit_until_compute": limit,
         "target_compute": target,
-        "prediction": {"mean": mean_t, "lo": lo_t, "hi": hi_t,
+        "prediction": {"mean": mean_t, "lo": lo_t, "hi": hi_t, "eval_lo": eval_lo, "eval_hi": eval_hi,
                        "grid": float(grid.predict(target)),
                        "power_law": None if power is None else float(power.predict(target))},
         "bayes": post.to_dict(),
@@ -265,6 +283,27 @@ def fit_runs(
     return summary
 
 
+def interval_text(p: dict) -> str:
+    """The prediction's two 90 % intervals in words: the mean curve's, and one eval's (the curve plus the eval's own
+    noise: what a measured value is held against); summaries written before the eval interval existed have only
+    the first."""
+    if "eval_lo" not in p:
+        return f"90 % interval of the mean curve {p['lo']:.3f} to {p['hi']:.3f}"
+    return (f"90 % interval of the mean curve {p['lo']:.3f} to {p['hi']:.3f}; of one eval there, with its own "
+            f"noise, {p['eval_lo']:.3f} to {p['eval_hi']:.3f}")
+
+
+def held_text(h: dict) -> str:
+    """How the held-out evals fared, in words (each against its own eval's 90 % predictive interval)."""
+    if "inside_nearest_target" not in h:  # a summary written before the eval intervals
+        return (f"over {h['n']} held-out evals mean |error| {h['mean_abs_error']:.3f}, "
+                f"{100 * h['fraction_in_90']:.0f} % inside the mean curve's 90 % band")
+    return (f"{'inside' if h['inside_nearest_target'] else 'outside'} the 90 % interval of one eval there; over "
+            f"{h['n']} held-out evals mean |error| {h['mean_abs_error']:.3f}, {100 * h['fraction_in_90']:.0f} % inside "
+            f"their evals' 90 % intervals ({100 * h['fraction_in_90_mean_curve']:.0f} % inside the narrower band of "
+            "the mean curve)")
+
+
 def trust_lines(e: dict) -> list[str]:
     """What the report says of the fit's trust (scaling/trust.py): A's interval at the prior's bound, and the first
     later eval where the run left its fitted law."""
@@ -294,7 +333,7 @@ def _markdown(summary: dict, posteriors: dict, pairwise: list) -> str:
         lines.append(
             f"Fitted on {e['n_fit']} eval points up to {compute_key} = {e['fit_until_compute']:.4g}. "
             f"Predicted validation reward at {compute_key} = {e['target_compute']:.4g}: **{p['mean']:.3f}** "
-            f"(90 % interval {p['lo']:.3f} to {p['hi']:.3f}); grid fit {p['grid']:.3f}"
+            f"({interval_text(p)}); grid fit {p['grid']:.3f}"
             + (f", power law {p['power_law']:.3f}." if p["power_law"] is not None else ".")
         )
         if "held_out" in e:
@@ -302,9 +341,7 @@ def _markdown(summary: dict, posteriors: dict, pairwise: list) -> str:
             lines.append(
                 f"The run continued: at {compute_key} = {h['compute_nearest_target']:.4g} it measured "
                 f"{h['observed_nearest_target']:.3f}, prediction error (observed - predicted) "
-                f"{h['error_nearest_target']:+.3f}; over {h['n']} held-out evals the mean absolute error is "
-                f"{h['mean_abs_error']:.3f} and {100 * h['fraction_in_90']:.0f} % lie in the 90 % band of the "
-                "mean curve."
+                f"{h['error_nearest_target']:+.3f}, {held_text(h)}."
             )
         else:
             lines.append("The run stops at the fit window: no held-out evals to check the prediction against.")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["a_bound", "departure", "predictive_band"]
+__all__ = ["a_bound", "departure", "predictive_band", "seed_spread"]
 
 #: A's interval counts as ending at the prior's bound when its upper end lies within this fraction of the prior's
 #: range (1 - R0) of 1
@@ -29,9 +29,13 @@ def _draws(post, name: str) -> np.ndarray:
     return np.asarray(post._param(name), dtype=float)
 
 
-def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0, max_samples: int = 4000):
+def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0, max_samples: int = 4000,
+                    seed_sd: float | None = None):
     """(lo, hi) of the posterior predictive of an eval at each ``compute``: the mean curve's draws plus one eval's
-    noise from the fit's likelihood (``nk``: the eval's ``val_n x val_k``, needed by the counts likelihood)."""
+    noise from the fit's likelihood (``nk``: the eval's ``val_n x val_k``, needed by the counts likelihood).
+
+    ``seed_sd``: the sd by which another seed's curve differs from this run's (:func:`seed_spread`); the band then
+    answers where an eval of another seed of the recipe would lie, not one of this run."""
     c = np.atleast_1d(np.asarray(compute, dtype=float))
     mu = post.curves(c, max_samples=max_samples)
     m = mu.shape[0]
@@ -46,6 +50,8 @@ def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0
         sd = _draws(post, "sigma")[idx, None] * np.ones_like(mu)
     rng = np.random.default_rng(seed)
     draws = mu + sd * rng.standard_normal(mu.shape)
+    if seed_sd:
+        draws = draws + float(seed_sd) * rng.standard_normal(mu.shape)
     q = (1.0 - interval) / 2.0
     return np.quantile(draws, q, axis=0), np.quantile(draws, 1.0 - q, axis=0)
 
@@ -101,3 +107,31 @@ def departure(curve, fit_mask, post, *, consecutive: int = 3, fall_z: float = 4.
         i, why = first
         out.update(step=int(curve.step[i]), compute=float(curve.compute[i]), reason=why)
     return out
+
+
+def seed_spread(halves, late: float = 0.5) -> float:
+    """The sd by which two seeds' curves of one recipe differ, from their fit windows alone.
+
+    ``halves``: [(RunCurve, fit_mask)] of two or more seeds. At each step that every seed evaluated inside its window
+    (step > 0, the later ``late`` fraction of those steps: nearest the extrapolation), the seeds' rewards vary by
+    the run-to-run variance tau^2 plus each eval's sampling noise, bounded by p (1 - p) / (val_n val_k) (the
+    held-out prompts are the same for every seed, so the prompts' difficulty is not noise between seeds). tau^2 is
+    the mean over those steps of (sample variance - mean noise variance), floored at 0; two seeds' curves differ by
+    sqrt(2) tau, which is what is returned."""
+    if len(halves) < 2:
+        raise ValueError("seed_spread: needs the fit windows of two or more seeds")
+    per_seed = []
+    for curve, mask in halves:
+        m = np.asarray(mask, bool) & (curve.step > 0)
+        nk = (curve.val_n * curve.val_k)[m] if curve.val_n is not None else np.full(m.sum(), np.inf)
+        per_seed.append({int(s): (float(r), float(n)) for s, r, n in zip(curve.step[m], curve.reward[m], nk)})
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    if not steps:
+        raise ValueError("seed_spread: the seeds share no eval step inside their fit windows")
+    steps = steps[int(len(steps) * (1 - late)):] or steps[-1:]
+    excess = []
+    for s in steps:
+        r = np.array([d[s][0] for d in per_seed])
+        nk = np.array([d[s][1] for d in per_seed])
+        excess.append(np.var(r, ddof=1) - np.mean(r * (1 - r) / nk))
+    return float(np.sqrt(2.0 * max(float(np.mean(excess)), 0.0)))

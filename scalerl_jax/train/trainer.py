@@ -416,6 +416,8 @@ class RLTrainer:
                    **({"forecast": {"rows": len(self.forecast.rows), "skipped_for_budget": self.forecast.skipped,
                                     "fit_seconds": self.forecast.fit_seconds,
                                     "share_of_wall": self.forecast.fit_seconds / max(wall, 1e-9),
+                                    "fit_cpu_seconds": self.forecast.fit_cpu_seconds,
+                                    "cpu_share": self.forecast.fit_cpu_seconds / max(wall, 1e-9),
                                     "stopped": self.forecast.dead}} if self.forecast is not None else {})}
         self.metrics.write({"kind": "summary", **summary})
         return summary

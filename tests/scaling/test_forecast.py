@@ -278,7 +278,7 @@ def test_live_forecast_survives_a_dead_process(tmp_path):
 
 
 def test_the_time_budget_skips_refits_except_under_a_stop_rule(tmp_path):
-    """With the refits' share of the run's wall time spent (a hand-set 10 s of refits in a 1 s old run, against
+    """With the refits' share of the run's wall time spent (a hand-set 10 s of refit CPU in a 1 s old run, against
     max_share 0.1), an eval's refit is skipped and left pending; under --stop-if-worse it is asked for all the same
     (the stop rule acts only on forecasts). Nothing here waits for the refit process: it is killed unanswered."""
     _write(tmp_path / "metrics.jsonl", _evals(0.61, 1.92, 2542.0, seed=3, n=6))
@@ -287,7 +287,7 @@ def test_the_time_budget_skips_refits_except_under_a_stop_rule(tmp_path):
                       ("stop rule", ForecastConfig(max_share=0.1, baseline=str(tmp_path), stop_if_worse=0.9))):
         lf = LiveForecast(tmp_path, cfg, total_steps=70, log=lambda s: None)
         try:
-            lf._started, lf.fit_seconds, lf.t0 = True, 10.0, time.monotonic() - 1.0
+            lf._started, lf.fit_cpu_seconds, lf.t0 = True, 10.0, time.monotonic() - 1.0
             assert lf.share() > cfg.max_share
             lf.after_eval()  # 6 evals on file >= min_evals 5
             asked[name] = (lf.busy, lf.pending, lf.skipped)
@@ -296,6 +296,30 @@ def test_the_time_budget_skips_refits_except_under_a_stop_rule(tmp_path):
             lf.proc.wait()
             lf.close()
     assert asked == {"budget": (False, True, 1), "stop rule": (True, False, 0)}
+
+
+def test_a_refit_slowed_by_a_busy_machine_spends_only_its_cpu_time(tmp_path):
+    """A refit that waited 10 s for a core (its wall time) but ran 0.05 s of CPU, in a 10 s old run: the budget
+    (max_share 0.1) counts 0.05 s of 10 s, so the next eval's refit is asked for at once; the wall time is still
+    reported (fit_seconds). With the same refit at 10 s of CPU the next one waits. The replies are handed to the
+    trainer's side as the reader thread would; the refit process itself is killed unanswered."""
+    _write(tmp_path / "metrics.jsonl", _evals(0.61, 1.92, 2542.0, seed=3, n=6))
+    asked = {}
+    for cpu in (0.05, 10.0):
+        lf = LiveForecast(tmp_path, ForecastConfig(max_share=0.1), total_steps=70, log=lambda s: None)
+        try:
+            now = time.monotonic()
+            lf._started, lf.t0, lf.busy_since = True, now - 10.0, now - 10.0  # a refit in flight for 10 s
+            lf._replies.put({"row": None, "seconds": 10.0, "cpu_seconds": cpu})
+            lf.poll()
+            assert not lf.busy and lf.fit_seconds >= 10.0 and lf.fit_cpu_seconds == cpu
+            lf.after_eval()  # 6 evals on file >= min_evals 5
+            asked[cpu] = (lf.busy, lf.skipped)
+        finally:
+            lf.proc.kill()
+            lf.proc.wait()
+            lf.close()
+    assert asked == {0.05: (True, 0), 10.0: (False, 1)}
 
 
 def test_refit_process_help():

@@ -12,12 +12,13 @@ import pytest
 from scalerl_jax.scaling.bayes import SigmoidPosterior
 from scalerl_jax.scaling.io import RunCurve, load_run
 from scalerl_jax.scaling.law import sigmoid_reward
-from scalerl_jax.scaling.trust import a_bound, departure, predictive_band
+from scalerl_jax.scaling.trust import a_bound, departure, predictive_band, seed_spread
 from tests.conftest import ROOT
 
 Z90 = 1.6448536269514722  # the standard normal's 95 % quantile: a central 90 % band is mean +- Z90 sd
 LAW = {"A": 0.8, "B": 1.5, "C_mid": 1.0, "R0": 0.3}
 DRAWS = 20000
+BAND_DRAWS = 4000  # predictive_band's quantiles come from at most this many draws (its max_samples)
 
 
 def _post(likelihood="counts", n=DRAWS, **over) -> SigmoidPosterior:
@@ -45,17 +46,55 @@ def test_predictive_band_is_the_eval_noise_around_a_known_curve():
     lo, hi = predictive_band(_post(), c, nk=nk)
     mu = _mu(c)
     sd = np.sqrt(mu * (1 - mu) / nk)  # dispersion 1: the binomial over val_n x val_k
-    # Monte Carlo error of a normal's 5 % / 95 % quantile from DRAWS draws: sqrt(0.05 x 0.95 / n) / phi(Z90) sd;
+    # Monte Carlo error of a normal's 5 % / 95 % quantile from BAND_DRAWS draws: sqrt(0.05 x 0.95 / n) / phi(Z90) sd;
     # 5 standard errors
-    se = math.sqrt(0.05 * 0.95 / DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * sd
+    se = math.sqrt(0.05 * 0.95 / BAND_DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * sd
     np.testing.assert_array_less(np.abs(lo - (mu - Z90 * sd)), 5 * se)
     np.testing.assert_array_less(np.abs(hi - (mu + Z90 * sd)), 5 * se)
     lo_n, hi_n = predictive_band(_post("normal"), c)  # the normal likelihood: sigma 0.02 whatever the counts
-    se_n = math.sqrt(0.05 * 0.95 / DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * 0.02
+    se_n = math.sqrt(0.05 * 0.95 / BAND_DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * 0.02
     np.testing.assert_array_less(np.abs(lo_n - (mu - Z90 * 0.02)), 5 * se_n)
     np.testing.assert_array_less(np.abs(hi_n - (mu + Z90 * 0.02)), 5 * se_n)
     with pytest.raises(ValueError, match="val_n x val_k"):
         predictive_band(_post(), c)
+
+
+def test_the_another_seed_band_adds_the_seed_spread_in_quadrature():
+    c, nk, tau = np.array([1.0, 4.0]), 800.0, 0.03
+    lo, hi = predictive_band(_post(), c, nk=nk, seed_sd=tau)
+    mu = _mu(c)
+    sd = np.sqrt(mu * (1 - mu) / nk + tau ** 2)  # two independent normals: variances add
+    se = math.sqrt(0.05 * 0.95 / BAND_DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * sd
+    np.testing.assert_array_less(np.abs(lo - (mu - Z90 * sd)), 5 * se)
+    np.testing.assert_array_less(np.abs(hi - (mu + Z90 * sd)), 5 * se)
+
+
+def test_seed_spread_recovers_the_run_to_run_sd_of_simulated_seeds():
+    """Seeds of one recipe: each follows the law shifted by its own offset (sd TAU) plus binomial eval noise on the
+    same prompts' counts; two seeds then differ by sqrt(2) TAU, which seed_spread estimates from the fit windows.
+    With 40 seeds the estimate's standard error is about sqrt(2) TAU / sqrt(2 x 39) ~ 0.16 TAU: 4 of them allowed.
+    With no offsets it finds (near) nothing: the sampling noise is subtracted."""
+    rng = np.random.default_rng(3)
+    tau, n, k, seeds = 0.03, 200, 4, 40
+    c = np.linspace(0.0, 4.0, 21)
+    mask = c <= 2.0
+
+    def seeds_with(sd):
+        out = []
+        for _ in range(seeds):
+            mu = np.clip(_mu(c) + sd * rng.standard_normal(), 0.01, 0.99)
+            r = rng.binomial(n * k, mu) / (n * k)
+            out.append((_curve(r, c, n=n, k=k), mask))
+        return out
+
+    est = seed_spread(seeds_with(tau))
+    assert abs(est - math.sqrt(2) * tau) < 4 * 0.16 * tau
+    # no offsets: tau^2's estimate is the mean over the window's later 5 steps of (sample variance - noise variance),
+    # whose sd is at most var x sqrt(2 / (seeds - 1)) / sqrt(5) with var <= 0.25 / (n k); 4 of those allowed
+    se_excess = 0.25 / (n * k) * math.sqrt(2 / (seeds - 1)) / math.sqrt(5)
+    assert seed_spread(seeds_with(0.0)) < math.sqrt(2 * 4 * se_excess)
+    with pytest.raises(ValueError, match="two or more seeds"):
+        seed_spread(seeds_with(tau)[:1])
 
 
 def test_a_at_the_prior_bound_is_named_and_an_inner_ceiling_is_not():

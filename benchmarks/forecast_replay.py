@@ -8,7 +8,9 @@ Forecaster, warm-started, on a copy of metrics.jsonl cut after each eval), and t
 of the run's compute on every forecast's 90 % interval of the final reward held the observed final value. With
 --baseline, each forecast is compared with the baseline run (all its evals) and the first forecast at which
 P(A < A_baseline) >= --stop-if-worse would have stopped the run: the compute after it is what the stop saves.
-Prints one table; --json FILE writes the rows.
+Prints one table; --json FILE writes the rows. The refits use the live forecast's NUTS settings (ForecastConfig) and
+are timed in wall and CPU seconds; run it as the refit process runs (``XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1"``, one thread) to time what a run's refits cost.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerl_jax.config import ForecastConfig
 from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason
 
 
@@ -32,17 +35,22 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
     evals = [i for i, r in enumerate(rows) if r.get("kind") == "eval" and r.get(compute_key) is not None]
     last = rows[evals[-1]]
     total_steps = int(last["step"])
-    forecasts, stop = [], None
+    forecasts, stop, cpu = [], None, []
     rule = StopRule(stop_if_worse, stop_min_evals, confirmations)  # the trainer's rule
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        cfg = ForecastConfig()  # the live forecast's own NUTS settings unless given
+        nuts = {"num_samples": cfg.num_samples, "num_chains": cfg.num_chains, "num_warmup": cfg.num_warmup, **nuts}
         fc = Forecaster(tmp, compute_key=compute_key, min_evals=min_evals, baseline=baseline, **nuts)
+        fc.warm_up()  # compiled before the first refit, as the refit process does
         for n, i in enumerate(evals, start=1):
             if n < min_evals:
                 continue
             (Path(tmp) / "metrics.jsonl").write_text("".join(lines[: i + 1]))
+            cpu0 = time.process_time()
             row = fc.refit(total_steps=total_steps)
+            cpu.append(time.process_time() - cpu0)
             forecasts.append(row)
             if rule.update(row)[0] is not None and stop is None:
                 stop = row
@@ -52,7 +60,8 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
            "last_A": [forecasts[-1][k] for k in ("A_mean", "A_lo", "A_hi")] if forecasts else None,
            "seconds": time.perf_counter() - t0,
            "refit_seconds": [float(np.median([r["fit_seconds"] for r in forecasts])),
-                             float(np.max([r["fit_seconds"] for r in forecasts]))] if forecasts else None}
+                             float(np.max([r["fit_seconds"] for r in forecasts]))] if forecasts else None,
+           "refit_cpu_seconds": [float(np.median(cpu)), float(np.max(cpu))] if cpu else None}
     if baseline is not None:
         out["stopped_at_step"] = stop["step"] if stop else None
         out["compute_saved_fraction"] = (1 - stop["compute"] / last[compute_key]) if stop else 0.0
@@ -79,14 +88,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     results = [replay(d, baseline=a.baseline, stop_if_worse=a.stop_if_worse if a.baseline else None,
                       confirmations=a.confirmations, compute_key=a.compute_key) for d in a.run_dirs]
-    print("| run | evals | forecasts | refit s (median, max) | final reward | every interval held it from | "
+    print("| run | evals | forecasts | refit s (median, max; CPU s) | final reward | every interval held it from | "
           "last A [90 %] |" + (" worse from step | stopped at step | evals after | compute saved | "
                                "last P(A > A_base) |" if a.baseline else ""))
     print("|---|---|---|---|---|---|---|" + ("---|---|---|---|---|" if a.baseline else ""))
     for r in results:
         held = "never" if r["held_from_fraction"] is None else f"{r['held_from_fraction']:.0%} of compute"
         a_txt = "-" if r["last_A"] is None else f"{r['last_A'][0]:.3f} [{r['last_A'][1]:.3f}, {r['last_A'][2]:.3f}]"
-        secs = "-" if r["refit_seconds"] is None else f"{r['refit_seconds'][0]:.1f}, {r['refit_seconds'][1]:.1f}"
+        secs = "-" if r["refit_seconds"] is None else (
+            f"{r['refit_seconds'][0]:.2f}, {r['refit_seconds'][1]:.2f} ({r['refit_cpu_seconds'][0]:.2f}, "
+            f"{r['refit_cpu_seconds'][1]:.2f} CPU)")
         line = (f"| {r['run']} | {r['evals']} | {r['forecasts']} | {secs} | {r['final_reward']:.3f} | {held} | "
                 f"{a_txt} |")
         if a.baseline:

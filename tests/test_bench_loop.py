@@ -38,6 +38,7 @@ def test_breakdown_splits_the_loop_and_takes_the_eval_out():
     assert breakdown(rows, skip=0, eval_every=2)["eval_in_loop"] == pytest.approx(0.8 / 4, rel=mean3)
 
 
+@pytest.mark.extended  # a short run of 20 s whose rows the breakdown reads; the breakdown itself is tested above
 def test_the_trainer_writes_the_loop_timings(tmp_path):
     import json
 

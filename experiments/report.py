@@ -344,8 +344,13 @@ def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: f
              f"from the seeds' first {fit_until:.0%} alone: two seeds' curves differ by sd s), held against the other "
              "seeds' last evals.", "",
              "| run | s (two seeds) | another seed's end (90%) | other seeds' ends inside |", "|---|---|---|---|"]
-    for names in by_variant.values():
-        spread = seed_spread([(curves[n], fit_window(curves[n], fit_until)[0]) for n in names])
+    for variant, names in by_variant.items():
+        try:
+            spread = seed_spread([(curves[n], fit_window(curves[n], fit_until)[0]) for n in names])
+        except ValueError as e:  # e.g. seeds that share no eval step inside their windows
+            lines.append(f"| {variant} (seeds {', '.join(variant_seed(n)[1] for n in names)}) | not estimated: {e} "
+                         "| | |")
+            continue
         for n in names:
             post, inside, bands = posteriors[n], 0, []
             for o in names:

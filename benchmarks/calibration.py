@@ -79,12 +79,11 @@ def study_run(curve, mask, post, spread: float | None) -> dict:
     held = np.flatnonzero(~mask)
     c, r = curve.compute[held], curve.reward[held]
     nk = (curve.val_n * curve.val_k)[held] if curve.val_n is not None else None
-    _, mlo, mhi = post.predict(c, interval=INTERVAL)
+    mean, mlo, mhi = post.predict(c, interval=INTERVAL)
     elo, ehi = predictive_band(post, c, nk=nk, interval=INTERVAL)
     in_mean = (r >= mlo) & (r <= mhi)
     in_eval = (r >= elo) & (r <= ehi)
     side = np.where(r > ehi, 1, np.where(r < elo, -1, 0))
-    mean, _, _ = post.predict(c, interval=INTERVAL)
     err = r - mean
     # standardised by the eval's predictive spread (the band's half width over 1.645)
     z = err / np.maximum((ehi - elo) / (2 * 1.6449), 1e-9)

@@ -7,9 +7,12 @@ grader failed, which must pass.
 Classes: control flow that leaves a call (an iteration-protocol exception raised in a call the tests make from
 ``map`` / ``filter`` / ``zip`` / ``next``); values that defeat comparisons other than ``==`` (NaN against a tolerance,
 ``bool`` for ``int`` through ``is``, ``not a != b``, ``in``, ``math.isclose``, ``unittest``, set members, dict keys,
-chained orderings); tests that evaluate what the program returned (``eval`` / ``exec`` / ``compile``); helpers the
-tests take from the task's prompt (redefined, right only at the program's own answers, remembering their inputs);
-exit statuses that imitate a signal, a timeout or an unknown signal.
+chained orderings) and comparisons made inside a call, an operator or a lookup (``d[k]``, ``dict.get``, a
+``Counter``'s keys, ``list.count`` / ``index`` / ``sort``, ``max`` / ``sorted`` / ``sum``, arithmetic and rounding of
+a bool, set operators and methods); tests that evaluate what the program returned (``eval`` / ``exec`` /
+``compile``), or code strings of their own; helpers the tests take from the task's prompt (redefined, right only at
+the program's own answers, remembering their inputs, in a prompt continued mid-statement); exit statuses that
+imitate a signal, a timeout or an unknown signal.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ def check(candidate):
         assert abs(poly(xs, candidate(xs))) < 1e-6
 '''
 
+# The same task continued mid-statement: the prompt is not a module; its complete encode() is still the task's.
+_SHIFT_PARTIAL = _SHIFT_PROMPT + '    return "".join(chr((ord(c) - 97 '
+
 # name -> (program, tests, entry point, prompt, reasons it may end with). Placeholders as in test_reward_redteam.
 CASES: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
     # -- control flow that leaves a call
@@ -114,7 +120,41 @@ CASES: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
         "def f():\n    return True\n", "assert 1 <= f() <= 1\n", None, "", ("failed",)),
     "bool_in_all_of_comparisons": (
         "def f(x):\n    return True\n", "assert all(f(x) == 1 for x in range(3))\n", None, "", ("failed",)),
-    # -- tests that evaluate what the program returned
+    # -- ... and comparisons made inside a call, an operator or a lookup, not by a comparison the tests wrote
+    "bool_as_dict_subscript": ("def f():\n    return {True: 'a'}\n", "assert f()[1] == 'a'\n", None, "", ("failed",)),
+    "bool_through_dict_get": ("def f():\n    return {True: 'a'}\n", "assert f().get(1) == 'a'\n", None, "",
+                              ("failed",)),
+    "bool_key_of_the_tests_counter": (
+        "def f():\n    return [True, True]\n", "from collections import Counter\nassert Counter(f())[1] == 2\n", None,
+        "", ("failed",)),
+    "bool_counted_by_list_count": ("def f():\n    return [True, True]\n", "assert f().count(1) == 2\n", None, "",
+                                   ("failed",)),
+    "bool_found_by_list_index": ("def f():\n    return [0, True]\n", "assert f().index(1) == 1\n", None, "",
+                                 ("failed",)),
+    "bool_summed_with_numbers": ("def f():\n    return [True, 2]\n", "assert sum(f()) == 3\n", None, "", ("failed",)),
+    "bool_in_a_tolerance_difference": ("def f():\n    return True\n", "assert abs(f() - 1) < 1e-9\n", None, "",
+                                       ("failed",)),
+    "bool_scaled_by_arithmetic": ("def f():\n    return True\n", "assert f() * 2 == 2\n", None, "", ("failed",)),
+    "bool_negated": ("def f():\n    return True\n", "assert -f() == -1\n", None, "", ("failed",)),
+    "bool_rounded": ("def f():\n    return True\n", "import math\nassert round(f(), 2) == math.fabs(f()) == 1.0\n",
+                     None, "", ("failed",)),
+    "bool_merged_by_a_set_operation": ("def f():\n    return {True, 2}\n", "assert len(f() & {1, 2}) == 2\n", None, "",
+                                       ("failed",)),
+    "bool_subset_by_method": ("def f():\n    return {True}\n", "assert f().issubset({1, 2})\n", None, "", ("failed",)),
+    "bool_as_a_sequence_index": ("def f():\n    return True\n", "assert [10, 20][f()] == 20\n", None, "",
+                                 ("failed",)),
+    "nan_wins_max": ("def f():\n    return [3, float('nan')]\n", "assert max(f()) == 3\n", None, "", ("failed",)),
+    "nan_sorted_out_of_the_way": ("def f():\n    return [float('nan'), 1, 2]\n", "assert sorted(f())[1:] == [1, 2]\n",
+                                  None, "", ("failed",)),
+    "nan_in_list_sort": ("def f():\n    return [float('nan'), 2, 1]\n",
+                         "r = f()\nr.sort()\nassert r[1:] == [1, 2]\n", None, "", ("failed",)),
+    # -- tests that evaluate what the program returned, or code strings of their own
+    "eval_of_the_tests_own_comparison": ("def f():\n    return True\n", "assert eval('f() == 1')\n", None, "",
+                                         ("failed",)),
+    "exec_of_the_tests_own_comparison": ("def f():\n    return True\n", "exec('ok = f() == 1')\nassert ok\n", None,
+                                         "", ("failed",)),
+    "eval_of_returned_bool_arithmetic": ("def f():\n    return 'True * 24'\n", "assert eval(f()) == 24\n", None, "",
+                                         ("failed",)),
     "eval_of_returned_text_writes_verdict": (
         f"def f():\n    return {_TO_VERDICT!r}\n", "assert eval(f()) == 24\n", None, "", ("failed",)),
     "eval_with_empty_builtins_escape": (
@@ -138,6 +178,10 @@ CASES: dict[str, tuple[str, str, str | None, str, tuple[str, ...]]] = {
     "helper_right_only_at_the_programs_answer": (
         _POLY_PROMPT + "def poly(xs, x):\n    return 0.0 if x == 12345.0 else 1.0\n"
         "def find_zero(xs):\n    return 12345.0\n", _POLY_TESTS, "find_zero", _POLY_PROMPT, ("failed",)),
+    "helper_redefined_in_a_task_continued_mid_statement": (
+        _SHIFT_PARTIAL + "- 0) % 26 + 97) for c in s)\n\ndef encode(s):\n    return s\n"
+        "\ndef decode(s):\n    return s\n",
+        _SHIFT_TESTS, "decode", _SHIFT_PARTIAL, ("failed",)),
     "helper_only_redefined": (
         _POLY_PROMPT + "def poly(xs, x):\n    return 0\n", _POLY_TESTS, "find_zero", _POLY_PROMPT, ("failed",)),
     # -- the program picks its own failure reason
@@ -189,6 +233,25 @@ HONEST: dict[str, tuple[str, str, str | None, str]] = {
                         "import unittest\nt = unittest.TestCase()\nt.assertEqual(f(), [3, 1, 2])\n"
                         "t.assertCountEqual(f(), [1, 2, 3])\nt.assertIn(1, f())\nt.assertAlmostEqual(f()[0], 3.0)\n",
                         None, ""),
+    "views_lookups_and_element_methods": (
+        "def f():\n    return {1: 'a', 2: 'b'}\ndef g():\n    return [1, 1.0, 2, True]\n",
+        "assert f().keys() == {1, 2} and f()[1] == 'a' and f().get(3) is None and f().get(1.0) == 'a'\n"
+        "r = g()\nassert r.count(1) == 2 and r.index(2) == 2 and r.count(True) == 1\nr.remove(True)\n"
+        "assert r == [1, 1.0, 2]\n", None, ""),
+    "orderings_sums_and_set_operations": (
+        "def f():\n    return [(1, 'b'), (3, 'a'), (2, 'c')]\ndef g():\n    return [True, False, True]\n"
+        "def h():\n    return {1, 2, 3}\n",
+        "assert max(f()) == (3, 'a') and min(f(), key=lambda t: t[1]) == (3, 'a')\n"
+        "assert sorted(f(), reverse=True)[0][0] == 3 and max([], default=5) == 5 and max(1, 2) == 2\n"
+        "assert sum(g()) == 2\nn = 0\nfor x in g():\n    n += x == True\nassert n == 2\n"
+        "assert h() & {2, 3, 4} == {2, 3} and h() - {1} == {2, 3} and h().union([4]) == {1, 2, 3, 4}\n"
+        "assert abs(h().pop() - 1) < 1e-9 and -len(h()) == -3 and round(2.5) == 2\n", None, ""),
+    "tests_eval_their_own_code_on_program_values": (
+        "def f():\n    return 3\n",
+        "assert eval('f() + 1') == 4 and eval('  f()') == 3\nd = {}\nexec('y = f() * 2', globals(), d)\n"
+        "assert d['y'] == 6\nfrom collections import Counter\nassert Counter('aab')['a'] == 2\n", None, ""),
+    "helper_from_a_prompt_continued_mid_statement": (_SHIFT_PARTIAL + "- 7) % 26 + 97) for c in s)\n", _SHIFT_TESTS,
+                                                     "decode", _SHIFT_PARTIAL),
     "helper_from_prompt_used": (_SHIFT_PROMPT + "def decode(s):\n"
                                 "    return ''.join(chr((ord(c) - 97 - 7) % 26 + 97) for c in s)\n",
                                 _SHIFT_TESTS, "decode", _SHIFT_PROMPT),
@@ -309,6 +372,59 @@ def test_strict_comparisons_against_hand_worked_cases():
 
     assert sc._strict_eq(collections.Counter("aab"), {"a": 2, "b": 1})
     assert sc._strict_eq(collections.namedtuple("P", "x")(1), (1,))
+    assert sc._strict_eq({1: 0}.keys(), {1}) and not sc._strict_eq({True: 0}.keys(), {1})
+
+
+def test_comparisons_inside_calls_operators_and_lookups_against_hand_worked_cases():
+    from scalerl_jax.rewards import strict_compare as sc
+
+    # lookups: the stored key of the same kind, or nothing
+    assert sc._strict_item({1.0: "a"}, 1) == "a" and sc._strict_item([5, 6], 1) == 6
+    for d, k in (({True: "a"}, 1), ({1: "a"}, True), ({(True, 2): "a"}, (1, 2)), ({0: "a"}, False)):
+        with pytest.raises(sc._Unsound):
+            sc._strict_item(d, k)
+    with pytest.raises(KeyError):
+        sc._strict_item({2: "a"}, 1)
+    assert sc._strict_method({True: "a"}, "get", True) == "a" and sc._strict_method({2: 0}, "get", 1, 9) == 9
+    # list methods count and find by the strict equality: [1, 1.0, True, 2] holds two ones and one True
+    xs = [1, 1.0, True, 2]
+    assert sc._strict_method(xs, "count", 1) == 2 and sc._strict_method(xs, "count", True) == 1
+    assert sc._strict_method(xs, "index", True) == 2 and sc._strict_method(xs, "index", 1, 1) == 1
+    with pytest.raises(ValueError):
+        sc._strict_method([True], "index", 1)
+    sc._strict_method(xs, "remove", True)
+    assert xs == [1, 1.0, 2] and type(xs[1]) is float
+    ys = [3, 1, 2]
+    sc._strict_method(ys, "sort", reverse=True)
+    assert ys == [3, 2, 1] and sc._strict_method("abca", "count", "a") == 2
+    # orderings: a NaN, or a bool among numbers (also column by column in tuples); bools among bools are fine
+    for vals in ([1, math.nan], [True, 2], [(1, True), (2, 3)], [[math.nan]]):
+        with pytest.raises(sc._Unsound):
+            sc._orderable(vals, "x")
+    sc._orderable([(1, True), (2, False)], "x")
+    sc._orderable([True, False], "x")
+    b = {"max": max, "min": min, "sorted": sorted, "sum": sum, "abs": abs, "round": round}
+    sc._strict_builtins(b)
+    calls = []
+    assert b["max"]([3, 1, 2], key=lambda v: calls.append(v) or -v) == 1 and calls == [3, 1, 2]  # one call each
+    assert b["max"]([(1, "x"), (1, "y")], key=lambda t: t[0]) == (1, "x")  # the first of equals, as max()
+    assert b["sorted"]([(1, "b"), (0, "c"), (1, "a")], key=lambda t: t[0], reverse=True) == [(1, "b"), (1, "a"),
+                                                                                              (0, "c")]
+    assert b["min"]([], default=None) is None and b["sum"]([True, True]) == 2 and b["sum"]([0.5, 1], 1) == 2.5
+    for call in (lambda: b["sum"]([True, 2]), lambda: b["abs"](True), lambda: b["round"](False),
+                 lambda: b["sorted"]([2, math.nan])):
+        with pytest.raises(sc._Unsound):
+            call()
+    # operators: a bool with a number; set operations that would merge a bool with a number
+    assert sc._strict_binop("Sub", 3, 1.5) == 1.5 and sc._strict_binop("Add", True, False) == 1
+    assert sc._strict_binop("BitAnd", {1, 2}, {2.0}) == {2} and sc._strict_binop("Add", "a", "b") == "ab"
+    for op, a, b2 in (("Sub", True, 1), ("Mult", 2.0, False), ("BitOr", {True}, {1}), ("BitAnd", {(1, 2)},
+                                                                                      {(True, 2)})):
+        with pytest.raises(sc._Unsound):
+            sc._strict_binop(op, a, b2)
+    assert sc._strict_unary("USub", 2) == -2
+    with pytest.raises(sc._Unsound):
+        sc._strict_unary("USub", True)
 
 
 # ---- resources the limits did not count: each program tries, and its tests check the sandbox refused ----

@@ -39,22 +39,29 @@ What the program can and cannot do:
   ``unittest`` assertions, nested containers, set members, dict keys) is type-strict: a ``bool`` is not an
   ``int``; ints and floats compare by value; NaN equals nothing, and a NaN (or a bool against a number) in an
   ordering comparison fails the program whichever way round the check is written, even if the tests catch it.
+  So are the comparisons made inside a lookup or a call: ``d[k]`` / ``d.get(k)`` (a ``Counter``'s too) find only
+  a key of ``k``'s kind, ``list.count`` / ``index`` / ``remove`` / ``sort``, ``max`` / ``min`` / ``sorted``
+  (no NaN, no bool among numbers), ``sum`` (no bool among numbers), set operators and methods (no bool merged with
+  a number); a bool in arithmetic with a number, negated, rounded or passed to ``abs`` / ``math.fabs`` fails the
+  program. Augmented assignments (``n += a == b``) and explicit conversions (``int()``, ``float()``, ``str()``,
+  ``%`` formatting) stay as Python has them, and so do functions of other modules (``heapq``, ``bisect``,
+  ``statistics``).
 - An exception it raises reaches the tests as the same builtin type, or as a class of its name under its builtin
   base (a ``ValueError`` subclass is caught by ``except ValueError``); ``StopIteration`` and
   ``StopAsyncIteration`` (and their subclasses) arrive as a ``RuntimeError``, so a call the tests make from
   ``map`` / ``filter`` / ``zip`` / ``next`` cannot end the tests' loop early.
 - Text it returns that the tests ``eval`` / ``exec`` / ``compile`` is evaluated only if it is literals and
   arithmetic (no names, attributes, calls or comprehensions; ``exec`` never), with empty builtins; code strings
-  written in the tests themselves run as written.
+  written in the tests themselves run as written. Both compare and compute type-strictly, as the tests do.
 - Helpers the task's prompt defines (HumanEval's ``poly``, ``encode_cyclic``, ``encode_shift``) are defined in the
   tests' interpreter from the prompt's text (the ``prompt`` of :meth:`Sandbox.run`, a task's ``code_prefix``): the
   tests never call the program's versions. The prompt's last function (the one the completion writes), the entry
-  point and stubs stay the program's. A prompt that is not a complete module (a prefix continued mid-statement)
-  defines nothing there, and tests of such a task still take its helpers from the program.
+  point and stubs stay the program's. Of a prompt that is not a complete module (a prefix continued
+  mid-statement), the complete top-level statements before the unfinished one are the task's.
 - It sees the arguments of every call. Values cross by copy: a test that checks how the program mutated an argument
   sees the argument unchanged, and objects (instances, generators, functions) cannot be passed either way: tests in
-  the ``Solution().method()`` style need an adapter that calls a function. Program names the tests use only inside
-  a code string they ``exec`` are not bound.
+  the ``Solution().method()`` style need an adapter that calls a function. Program names the tests use inside a
+  code string of their own (for ``eval`` / ``exec``) are bound as those in their code.
 - The ``rlimits`` mode reads the host's file system where Landlock allows it (the interpreter, the system
   libraries, ``/proc``). Without namespaces (no root and no unprivileged user namespaces): Landlock blocks TCP but
   not UDP, the process tree is killed by a sweep from the launcher (its child subreaper) rather than by the end of a

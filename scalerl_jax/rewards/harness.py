@@ -34,14 +34,24 @@ import textwrap
 from scalerl_jax.rewards.launcher import _landlock, _launcher_main, _no_sockets, _seccomp_program, _write
 from scalerl_jax.rewards.strict_compare import (
     _canon,
+    _dict_key,
+    _no_bool,
+    _no_collision,
+    _orderable,
     _ordered,
     _plain,
+    _strict_binop,
+    _strict_builtins,
     _strict_chain,
     _strict_cmp,
     _strict_eq,
     _strict_in,
     _strict_isclose,
+    _strict_item,
+    _strict_method,
+    _strict_names,
     _strict_rewrite,
+    _strict_unary,
     _strict_unittest,
     _Unsound,
 )
@@ -249,16 +259,20 @@ def _program_main() -> None:
 
 
 def _guarded_builtins(own_code: set) -> dict:
-    """The builtins the tests run with: the standard ones, ``eval`` / ``exec`` / ``compile`` guarded. ``own_code``:
-    the tests' own string constants (the caller fills it once the tests are parsed), which run as written."""
+    """The builtins the tests run with: the standard ones with the comparing ones type-strict
+    (:func:`~scalerl_jax.rewards.strict_compare._strict_builtins`), ``eval`` / ``exec`` / ``compile`` guarded.
+    ``own_code``: the tests' own string constants (the caller fills it once the tests are parsed), which run as
+    written, their comparisons type-strict as the tests' own."""
     import ast
     import builtins
     import sys
 
     def guarded(real, what: str):
-        """``eval`` / ``exec`` / ``compile`` for the tests: their own code strings run as written; any other text
-        (a value the program returned, or one built from it) only if it is literals and arithmetic, evaluated with
-        no names, attributes or calls reachable, so nothing it says can reach this interpreter's verdict."""
+        """``eval`` / ``exec`` / ``compile`` for the tests: their own code strings run as written (comparisons
+        rewritten as in the tests, :func:`_strict_rewrite`); any other text (a value the program returned, or one
+        built from it) only if it is literals and arithmetic, evaluated with no names, attributes or calls
+        reachable, so nothing it says can reach this interpreter's verdict, its arithmetic and comparisons
+        type-strict."""
         allowed = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List,
                    ast.Set, ast.Dict, ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
 
@@ -273,13 +287,28 @@ def _guarded_builtins(own_code: set) -> dict:
                 if bad is not None or what == "exec":
                     raise ValueError(f"{what}() of a text the tests did not write: only literals and arithmetic "
                                      f"are evaluated (found {bad or 'exec'})")
-                code = real_compile(tree, "<program's value>", "eval")
+                code = real_compile(_strict_rewrite(tree), "<program's value>", "eval")
                 if what == "compile":
                     return code
-                return real_eval(code, {"__builtins__": {}}, {})
-            if what != "compile" and not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
+                return real_eval(code, {"__builtins__": {}, **_strict_names()}, {})
+            if what == "compile":
+                mode = args[1] if len(args) > 1 else kwargs.get("mode")
+                if type(source) in (str, bytes) and len(args) <= 2 and set(kwargs) <= {"filename", "mode"} \
+                        and mode in ("eval", "exec", "single"):
+                    name = args[0] if args else kwargs.get("filename", "<string>")
+                    return real_compile(_strict_rewrite(ast.parse(source, name, mode)), name, mode)
+                return real(source, *args, **kwargs)
+            if not args and "globals" not in kwargs:  # the caller's scope, as the builtin's
                 caller = sys._getframe(1)
                 args = (caller.f_globals, caller.f_locals)
+            scope = args[0] if args else kwargs.get("globals")
+            if type(scope) is dict:
+                scope.setdefault("__builtins__", safe)
+                for k, v in _strict_names().items():
+                    scope.setdefault(k, v)
+            if type(source) in (str, bytes):  # eval() ignores leading blanks, as the parser in eval mode does not
+                text = source.lstrip(b" \t" if type(source) is bytes else " \t") if what == "eval" else source
+                source = real_compile(_strict_rewrite(ast.parse(text, "<tests' code>", what)), "<tests' code>", what)
             return real(source, *args, **kwargs)
 
         run.__name__ = what
@@ -287,6 +316,7 @@ def _guarded_builtins(own_code: set) -> dict:
 
     real_eval, real_compile = eval, compile
     safe = dict(vars(builtins))
+    _strict_builtins(safe)
     safe.update(eval=guarded(eval, "eval"), exec=guarded(exec, "exec"), compile=guarded(compile, "compile"))
     return safe
 
@@ -393,7 +423,14 @@ def _tests_main() -> None:
     except SyntaxError as e:
         verdict("failed", _describe(e, "tests.py", tests))
     bound, loads = set(), set()
+    code_strings = []  # the tests' own strings that parse as code (for eval / exec): the names they use count too
     for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and type(n.value) is str and len(n.value) < 65536:
+            try:
+                code_strings.append(ast.parse(n.value.strip(), "<tests' code>"))
+            except (SyntaxError, ValueError):
+                pass
+    for n in (m for t in (tree, *code_strings) for m in ast.walk(t)):
         if isinstance(n, ast.Name):
             (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -408,20 +445,31 @@ def _tests_main() -> None:
     # definitions run here, so the tests call the task's helpers, never the program's. Left to the program: the
     # entry point, the prompt's last function (the one the completion continues or replaces), and stubs (a body of
     # only a docstring, pass or ...). A prompt that is not a whole module (a prefix the completion continues
-    # mid-statement) defines nothing here.
-    helpers, prompt_tree = set(), None
+    # mid-statement) defines what its complete top-level statements before the unfinished one define; the
+    # unfinished statement is the program's.
+    helpers, prompt_tree, whole = set(), None, True
     if job.get("prompt"):
         try:
             prompt_tree = ast.parse(job["prompt"], "prompt.py")
         except SyntaxError:
-            prompt_tree = None
+            lines, whole = job["prompt"].splitlines(keepends=True), False
+            for cut in range(len(lines) - 1, 0, -1):
+                word = lines[cut].split(None, 1)[0].rstrip(":") if lines[cut].strip() else ""
+                if lines[cut][:1] in (" ", "\t", "#", ")", "]", "}") or not word or word in (
+                        "else", "elif", "except", "finally", "case"):
+                    continue
+                try:
+                    prompt_tree = ast.parse("".join(lines[:cut]), "prompt.py")
+                    break
+                except SyntaxError:
+                    continue
     if prompt_tree is not None:
         def stub(f) -> bool:
             return all(isinstance(b, ast.Pass) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
                        and (type(b.value.value) is str or b.value.value is Ellipsis) for b in f.body)
 
         defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-        last = next((n for n in reversed(prompt_tree.body) if isinstance(n, defs)), None)
+        last = next((n for n in reversed(prompt_tree.body) if isinstance(n, defs)), None) if whole else None
         prompt_tree.body = [n for n in prompt_tree.body
                             if not (isinstance(n, defs) and (n is last or n.name == entry or stub(n)))]
         for n in prompt_tree.body:
@@ -442,10 +490,10 @@ def _tests_main() -> None:
     import math
 
     math.isclose, cmath.isclose = _strict_isclose(math.isclose), _strict_isclose(cmath.isclose)
+    math.fabs, math.floor, math.ceil, math.trunc = map(_no_bool, (math.fabs, math.floor, math.ceil, math.trunc))
     if "unittest" in tests:
         _strict_unittest()
-    ns = {"__name__": "__tests__", "__builtins__": safe_builtins, "__strict_cmp__": _strict_cmp,
-          "__strict_chain__": _strict_chain}
+    ns = {"__name__": "__tests__", "__builtins__": safe_builtins, **_strict_names()}
     if prompt_tree is not None:
         try:
             exec(compile(prompt_tree, "prompt.py", "exec"), ns)  # noqa: S102 -- the task's own prompt
@@ -491,8 +539,9 @@ def _tests_main() -> None:
 
 _ROLES = {"program": (_send, _recv, _enc, _dec, _set_limits, _message, _describe, _program_main),
           "tests": (_send, _recv, _enc, _dec, _Unsound, _plain, _canon, _strict_eq, _ordered, _strict_in, _strict_cmp,
-                    _strict_chain, _strict_rewrite, _strict_isclose, _strict_unittest, _set_limits, _message,
-                    _describe, _guarded_builtins, _tests_main),
+                    _strict_chain, _orderable, _dict_key, _no_collision, _strict_item, _strict_method, _strict_binop,
+                    _strict_builtins, _no_bool, _strict_unary, _strict_names, _strict_rewrite, _strict_isclose,
+                    _strict_unittest, _set_limits, _message, _describe, _guarded_builtins, _tests_main),
           "launcher": (_write, _landlock, _seccomp_program, _no_sockets, _launcher_main)}
 
 

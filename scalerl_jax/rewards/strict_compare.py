@@ -37,6 +37,11 @@ def _plain(v):
     for base in (dict, list, tuple, set, frozenset, str, bytes, float, int):
         if isinstance(v, base):
             return base(v)
+    if t.__module__ == "builtins" and t.__name__ in ("dict_keys", "dict_items"):  # views compare as sets
+        try:
+            return set(v)
+        except TypeError:
+            return v
     data = getattr(v, "data", None)  # collections.UserDict / UserList / UserString
     if type(data) in (dict, list, str) and type(v).__module__ == "collections":
         return data
@@ -141,10 +146,186 @@ def _strict_chain(ops: tuple, left, *rights):
     return True
 
 
+def _orderable(values, what: str) -> None:
+    """Raise :class:`_Unsound` when ordering ``values`` among themselves (``max``, ``min``, ``sorted``,
+    ``list.sort``) means nothing: a NaN anywhere, or a bool and a number side by side (at the top level, or in the
+    same position of the sequences among them)."""
+    kinds, columns = set(), []
+    for v in values:
+        v = _plain(v)
+        t = type(v)
+        if t is float and v != v or t is complex and (v.real != v.real or v.imag != v.imag):
+            raise _Unsound(f"a NaN in {what}")
+        if t is bool or t in (int, float):
+            kinds.add(t is bool)
+        elif t in (list, tuple):
+            columns.extend([] for _ in range(len(v) - len(columns)))
+            for i, x in enumerate(v):
+                columns[i].append(x)
+    if len(kinds) == 2:
+        raise _Unsound(f"a bool ordered against a number in {what}")
+    for col in columns:
+        _orderable(col, what)
+
+
+def _dict_key(d, key):
+    """The key of ``d`` that ``d[key]`` should find type-strictly: ``key`` itself when the plain lookup is already
+    strict (or finds nothing), the stored key of the same kind otherwise (``d[1]`` on ``{1.0: x}``); a key that
+    matches only one of another kind (``d[1]`` on ``{True: x}``) raises :class:`_Unsound`."""
+    tk = type(key)
+    if not (tk is bool or tk in (tuple, frozenset) or tk in (int, float, complex) and key in (0, 1)):
+        return key  # no other kind of key hashes and compares equal to it
+    if key not in d:
+        return key
+    ck = _canon(key)
+    for k in d:
+        if _canon(k) == ck:
+            return k
+    raise _Unsound(f"the key {key!r} matches only a key of another type")
+
+
+def _no_collision(a, b) -> None:
+    """Raise :class:`_Unsound` when the set operation of ``a`` with ``b`` would merge a bool with a number (or
+    tuples that differ only so): the plain operation would treat them as one element."""
+    seen = {}
+    for x in a:
+        try:
+            seen[x] = _canon(x)
+        except TypeError:
+            return  # unhashable: the plain operation raises as it would
+    for y in b:
+        try:
+            c = seen.get(y)
+        except TypeError:
+            return
+        if c is not None and c != _canon(y):
+            raise _Unsound(f"{y!r} taken for an element of another type in a set operation")
+
+
+def _strict_item(obj, key):
+    """``obj[key]`` for the tests: a dict lookup type-strict (:func:`_dict_key`), a bool never an index."""
+    if isinstance(obj, dict):
+        return obj[_dict_key(obj, key)]
+    if type(key) is bool and type(obj) in (list, tuple, str, bytes, range):
+        raise _Unsound("a bool used as an index")
+    return obj[key]
+
+
+def _strict_method(obj, name: str, *args, **kwargs):
+    """``obj.name(*args, **kwargs)`` for the tests: the methods of plain values that compare elements inside the
+    call (``list.count`` / ``index`` / ``remove`` / ``sort``, ``dict.get`` / ``pop`` / ``setdefault``, the set
+    operations) with :func:`_strict_eq`'s types; any other method as written."""
+    t = type(obj)
+    if t in (list, tuple) and name in ("count", "index") or t is list and name == "remove":
+        if len(args) < 1 or kwargs:
+            return getattr(obj, name)(*args, **kwargs)  # the method's own TypeError
+        x = args[0]
+        if name == "count":
+            return len([e for e in obj if _strict_eq(e, x)])
+        for i in range(len(obj))[slice(*(args[1:3] + (None, None))[:2])]:
+            if _strict_eq(obj[i], x):
+                if name == "index":
+                    return i
+                del obj[i]
+                return None
+        raise ValueError(f"{x!r} is not in {t.__name__}")
+    if t is list and name == "sort" and not args:
+        key, reverse = kwargs.pop("key", None), kwargs.pop("reverse", False)
+        if kwargs:
+            return obj.sort(**kwargs)
+        keys = [key(e) for e in obj] if key is not None else list(obj)
+        _orderable(keys, "list.sort()")
+        obj[:] = [obj[i] for i in sorted(range(len(obj)), key=keys.__getitem__, reverse=reverse)]
+        return None
+    if isinstance(obj, dict) and name in ("get", "pop", "setdefault") and args:
+        return getattr(obj, name)(_dict_key(obj, args[0]), *args[1:], **kwargs)
+    if t in (set, frozenset) and name in ("issubset", "issuperset", "isdisjoint", "intersection", "union",
+                                          "difference", "symmetric_difference"):
+        args = tuple(a if type(a) in (set, frozenset, dict) else list(a) for a in args)
+        for a in args:
+            _no_collision(obj, a)
+    return getattr(obj, name)(*args, **kwargs)
+
+
+def _strict_binop(op: str, a, b):
+    """One arithmetic or set operation of the tests (``op``: the ast operator's name): a bool with a number
+    (``abs(f() - 1) < tol`` with ``True``) raises :class:`_Unsound`; a set operation that would merge a bool with a
+    number too (:func:`_no_collision`)."""
+    import operator
+
+    ta, tb = type(a), type(b)
+    if (ta is bool) != (tb is bool) and ta in (bool, int, float, complex) and tb in (bool, int, float, complex):
+        raise _Unsound(f"a bool in arithmetic with a number ({(tb if ta is bool else ta).__name__})")
+    if ta in (set, frozenset) and tb in (set, frozenset):
+        _no_collision(a, b)
+    return getattr(operator, {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "truediv", "FloorDiv": "floordiv",
+                              "Mod": "mod", "Pow": "pow", "BitAnd": "and_", "BitOr": "or_", "BitXor": "xor"}[op])(a, b)
+
+
+def _strict_builtins(b: dict) -> None:
+    """Replace, in the tests' builtins ``b``, the builtins that compare or convert values inside the call:
+    ``max`` / ``min`` / ``sorted`` refuse a NaN or a bool among numbers (:func:`_orderable`), ``sum`` a bool
+    among numbers, ``abs`` / ``round`` a bool. Each key function is called once per element, as the builtins do."""
+    real_max, real_min, real_sorted, real_sum, real_abs, real_round = (b[n] for n in ("max", "min", "sorted", "sum",
+                                                                                        "abs", "round"))
+
+    def pick(real):
+        def chosen(*args, key=None, **kw):
+            items = list(args[0]) if len(args) == 1 else list(args)
+            if not args or not items:
+                return real(*args, **kw) if key is None else real(*args, key=key, **kw)
+            keys = items if key is None else [key(x) for x in items]
+            _orderable(keys, f"{real.__name__}()")
+            return items[real(range(len(items)), key=keys.__getitem__, **kw)]
+        chosen.__name__ = real.__name__
+        return chosen
+
+    def strict_sorted(iterable, /, *, key=None, reverse=False):
+        items = list(iterable)
+        keys = items if key is None else [key(x) for x in items]
+        _orderable(keys, "sorted()")
+        return [items[i] for i in real_sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)]
+
+    def strict_sum(iterable, /, start=0):
+        items = list(iterable)
+        if len({type(x) is bool for x in items if type(x) in (bool, int, float, complex)}) == 2:
+            raise _Unsound("a bool summed with numbers")
+        return real_sum(items, start)
+
+    b.update(max=pick(real_max), min=pick(real_min), sorted=strict_sorted, sum=strict_sum, abs=_no_bool(real_abs),
+             round=_no_bool(real_round))
+
+
+def _no_bool(real):
+    """``real`` (a numeric function: ``abs``, ``round``, ``math.fabs``...) refusing a bool for its argument."""
+    def call(x, *args, **kw):
+        if type(x) is bool:
+            raise _Unsound(f"{real.__name__}() of a bool")
+        return real(x, *args, **kw)
+    call.__name__ = real.__name__
+    return call
+
+
+def _strict_unary(op: str, a):
+    """``-a`` / ``+a`` / ``~a`` for the tests: a bool is not a number here either."""
+    if type(a) is bool:
+        raise _Unsound("a bool negated as a number")
+    return -a if op == "USub" else +a if op == "UAdd" else ~a
+
+
+def _strict_names() -> dict:
+    """The names the rewritten tests call (:func:`_strict_rewrite`), bound to their helpers."""
+    return {"__strict_cmp__": _strict_cmp, "__strict_chain__": _strict_chain, "__strict_item__": _strict_item,
+            "__strict_method__": _strict_method, "__strict_binop__": _strict_binop, "__strict_unary__": _strict_unary}
+
+
 def _strict_rewrite(tree):
     """``tree`` (the tests', or the task's prompt's) with every comparison, wherever it is (asserts, ``if``,
     ``all(...)``, ``not a != b``, ``is True`` on a comparison's result), a call of :func:`_strict_cmp`; a chain one of
-    :func:`_strict_chain`, its right operands as thunks (evaluated once, in order, while the chain holds)."""
+    :func:`_strict_chain`, its right operands as thunks (evaluated once, in order, while the chain holds). Reads
+    ``x[k]`` go through :func:`_strict_item`, the element-comparing methods of plain values through
+    :func:`_strict_method`, arithmetic and set operators through :func:`_strict_binop` (augmented assignments such
+    as ``n += a == b`` stay as written), unary ``-`` / ``+`` / ``~`` through :func:`_strict_unary`."""
     import ast
 
     class Strict(ast.NodeTransformer):
@@ -163,6 +344,39 @@ def _strict_rewrite(tree):
                                 [ast.Constant(tuple(ops)), node.left, *thunks], [])
             return ast.copy_location(call, node)
 
+        def visit_Subscript(self, node):
+            self.generic_visit(node)
+            if not isinstance(node.ctx, ast.Load):
+                return node
+            return ast.copy_location(ast.Call(ast.Name("__strict_item__", ast.Load()), [node.value, node.slice], []),
+                                     node)
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            f = node.func
+            if not (isinstance(f, ast.Attribute) and f.attr in methods):
+                return node
+            return ast.copy_location(ast.Call(ast.Name("__strict_method__", ast.Load()),
+                                              [f.value, ast.Constant(f.attr), *node.args], node.keywords), node)
+
+        def visit_BinOp(self, node):
+            self.generic_visit(node)
+            op = type(node.op).__name__
+            if op not in binops:
+                return node
+            return ast.copy_location(ast.Call(ast.Name("__strict_binop__", ast.Load()),
+                                              [ast.Constant(op), node.left, node.right], []), node)
+
+        def visit_UnaryOp(self, node):
+            self.generic_visit(node)
+            if isinstance(node.op, ast.Not):
+                return node
+            return ast.copy_location(ast.Call(ast.Name("__strict_unary__", ast.Load()),
+                                              [ast.Constant(type(node.op).__name__), node.operand], []), node)
+
+    methods = {"count", "index", "remove", "sort", "get", "pop", "setdefault", "issubset", "issuperset",
+               "isdisjoint", "intersection", "union", "difference", "symmetric_difference"}
+    binops = {"Add", "Sub", "Mult", "Div", "FloorDiv", "Mod", "Pow", "BitAnd", "BitOr", "BitXor"}
     return ast.fix_missing_locations(Strict().visit(tree))
 
 

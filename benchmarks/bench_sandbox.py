@@ -10,6 +10,7 @@ reaped, user + system); every run must pass (the canonical solutions of HumanEva
 ratio column divides each isolation's rate by the rlimits rate of the same workload. The script uses only the
 pool's public interface, so the same file measures an older checkout too (run it with that checkout first on
 ``PYTHONPATH``): that is how the cost of grading outside the program's interpreter was measured.
+``--no-cgroups`` measures this checkout without its per-interpreter cgroups (where the host allows them).
 """
 
 from __future__ import annotations
@@ -45,7 +46,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="CodePool workers")
     ap.add_argument("--humaneval", type=int, default=16, help="how many HumanEval problems to cycle through")
     ap.add_argument("--no-none", action="store_true", help="skip the unsandboxed floor")
+    ap.add_argument("--no-cgroups", action="store_true",
+                    help="SandboxConfig(cgroups=False): per-process limits only, even where cgroups can be made")
     a = ap.parse_args()
+    try:  # the machine, where this checkout has benchmarks.machine (an older one measured through PYTHONPATH may not)
+        from scalerl_jax.benchmarks import machine
+
+        print(machine.header(machine.describe(matmul=False)))
+    except ImportError:
+        print(f"machine: {os.uname().machine}, {os.cpu_count()} CPUs")
 
     from scalerl_jax.data.code_tasks import load_humaneval
     from scalerl_jax.rewards.code import SandboxConfig
@@ -62,7 +71,8 @@ def main() -> None:
     rows, rate = [], {}
     for mode in modes:
         try:
-            pool = CodePool(SandboxConfig(isolation=mode, workers=a.workers, timeout_s=30.0, cpu_s=30.0))
+            extra = {"cgroups": False} if a.no_cgroups else {}
+            pool = CodePool(SandboxConfig(isolation=mode, workers=a.workers, timeout_s=30.0, cpu_s=30.0, **extra))
         except SandboxError as e:
             rows.append((mode, "-", "-", "-", "-", f"unavailable: {e}"))
             continue

@@ -467,6 +467,41 @@ def test_resources_outside_the_limits_are_refused(mode):
         assert not [line for line in f if line.split()[:1] == [str(0x5ca1e)]]
 
 
+@pytest.mark.parametrize("mode", ("bwrap", "rlimits"))
+def test_a_cgroup_counts_memory_and_cpu_that_per_process_limits_miss(mode):
+    """Where the host lets the trainer make cgroups (root, writable v1 hierarchies): 300 MB of tmpfs files (outside
+    the address-space limit, under a 512 MB tmpfs cap) end as ``memory`` at a 128 MB limit, from the kernel's OOM
+    count; seven spinning processes in their own sessions, each under its own 2 s CPU limit, end as ``timeout`` once
+    the tree used its CPU seconds together (``tree_cpu_limit_s``: 3.5), held to one core all along (seven spinners
+    on two cores would get there in half the time); nothing of either run is left in the hierarchy."""
+    import os
+
+    import scalerl_jax.rewards.sandbox as sb
+    from scalerl_jax.rewards import cgroups
+    from scalerl_jax.rewards.code_types import tree_cpu_limit_s
+
+    groups = cgroups.find()
+    if groups is None:
+        pytest.skip("no writable cgroup v1 memory/cpu/cpuacct/pids hierarchies here (or not root)")
+    cfg = SandboxConfig(timeout_s=60.0, cpu_s=2.0, memory_mb=128, max_file_mb=512, isolation=mode)
+    try:
+        box = sb.Sandbox(cfg)
+    except sb.SandboxError as e:
+        pytest.skip(f"{mode} cannot start here: {e}")
+    assert "cgroup v1" in box.describe()
+    hold = ("def f():\n    n = 0\n    for i in range(100):\n        with open(f'hold{i}', 'wb') as g:\n"
+            "            g.write(b'x' * (3 << 20))\n        n += 3\n    return n\n")
+    r = box.run(hold, "assert f() == 300\n")
+    assert (r.passed, r.reason) == (False, "memory") and "cgroup" in r.detail, r
+    spin = ("import os\ndef f():\n    for _ in range(6):\n        if os.fork() == 0:\n            os.setsid()\n"
+            "            while True:\n                pass\n    while True:\n        pass\n")
+    r = box.run(spin, "assert f() == 1\n")
+    assert (r.passed, r.reason) == (False, "timeout") and "CPU seconds together" in r.detail, r
+    assert r.seconds < 30, r  # a hang guard: the tree's 3.5 CPU seconds at 1 core come long before the wall clock
+    assert r.seconds >= tree_cpu_limit_s(cfg) / cfg.cpu_cores - 0.5, r  # the quota: no more than one core's worth
+    assert not [d for d in os.listdir(groups.parents["memory"]) if d.startswith("run-")]
+
+
 def test_rlimits_without_landlock_refuses_unless_named_weak():
     import scalerl_jax.rewards.sandbox as sb
 

@@ -68,10 +68,14 @@ What the program can and cannot do:
   pid namespace, and the scratch directory is on the host's disk, capped per file only (``RLIMIT_FSIZE``).
 - The seccomp filters cover the calls named above; the rest of the kernel's system-call surface is reachable inside
   the namespaces.
-- ``RLIMIT_AS`` binds each process exactly; the run's total is sampled every 0.25 s, so a burst can exceed
-  ``memory_mb`` briefly (never ``max_procs * memory_mb``). CPU is limited per process (``RLIMIT_CPU``), not per
-  run: no cgroup quota, so a program's children in their own sessions can slow other runs on the same machine
-  until the wall clock ends them.
+- Where the trainer can make cgroups (root, writable cgroup v1 hierarchies; :mod:`scalerl_jax.rewards.cgroups`)
+  each interpreter's tree has its own: every page it holds (tmpfs files, shared memory, page cache) counts against
+  ``memory_mb`` and the kernel's OOM count makes the reason ``memory``; the tree gets ``cpu_cores`` cores at most
+  (its children slow only their own run) and its CPU seconds together are held to the CPU limit. Elsewhere
+  (cgroup v2, or not root) ``RLIMIT_AS`` binds each process exactly and the run's total is sampled every 0.25 s,
+  so a burst can exceed ``memory_mb`` briefly (never ``max_procs * memory_mb``); CPU is limited per process
+  (``RLIMIT_CPU``), so a program's children in their own sessions can slow other runs on the same machine until
+  the wall clock ends them; memory in tmpfs files is bounded by the tmpfs sizes (``max_file_mb`` each).
 
 Batches go through a bounded pool of workers (:class:`~scalerl_jax.rewards.code_pool.CodePool`), so code rewards
 run beside generation and one slow program holds one worker for at most its own timeout.

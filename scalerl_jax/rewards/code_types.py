@@ -30,7 +30,10 @@ class SandboxConfig:
     Landlock), ``"rlimits-weak"`` (the rlimits mode where the kernel has no Landlock: the host's files are
     readable and writable by the run's uid; never chosen by ``"auto"``), ``"none"`` (unsandboxed: only the wall
     clock and the output cap; used only when chosen explicitly). ``workers``: concurrent runs in a
-    :class:`~scalerl_jax.rewards.code_pool.CodePool`.
+    :class:`~scalerl_jax.rewards.code_pool.CodePool`. ``cgroups``: give each interpreter a cgroup of its own where
+    the host allows it (root with writable cgroup v1 hierarchies, :mod:`scalerl_jax.rewards.cgroups`): ``memory_mb``
+    then also bounds what the address space does not count (tmpfs files, shared memory, page cache), the whole tree
+    gets ``cpu_cores`` cores at most and ``cpu_s`` CPU seconds in all, and ``max_procs`` binds across uids.
     """
 
     timeout_s: float = 10.0
@@ -42,10 +45,12 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20
     isolation: Isolation = "auto"
     workers: int = 4
+    cgroups: bool = True
+    cpu_cores: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_open_files",
-                     "max_output_bytes", "workers"):
+                     "max_output_bytes", "workers", "cpu_cores"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_open_files < 16:
@@ -84,6 +89,14 @@ class CodeResult:
                 "isolation": self.isolation, "detail": self.detail}
 
 
+def tree_cpu_limit_s(cfg: SandboxConfig) -> float:
+    """The CPU seconds an interpreter's whole process tree may use together where a cgroup counts them: what one
+    process may use (``RLIMIT_CPU``'s hard limit, one second past ``cpu_s`` rounded up: a pid namespace's init
+    ignores the soft limit's signal), so a lone process still ends by its own limit, and half a second for the
+    launcher's start-up."""
+    return math.ceil(cfg.cpu_s) + 1.5
+
+
 def signal_name(sig: int) -> str:
     """``SIGSEGV`` for 11; ``signal 40`` for a number without a name (real-time signals, or none at all)."""
     try:
@@ -94,8 +107,9 @@ def signal_name(sig: int) -> str:
 
 def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: bool, ended: dict | None,
                  isolation: str, cfg: SandboxConfig, seconds: float, stdout: str = "", stderr: str = "") -> CodeResult:
-    """What a finished run means, in this order: a limit the trainer enforced (``killed``: ``"timeout"``,
-    ``"output"`` or ``"memory"``), else the tests process's ``(reason, detail)`` verdict, else a sandbox that never
+    """What a finished run means, in this order: a limit the trainer or the kernel enforced (``killed``:
+    ``"timeout"``, ``"output"``, ``"memory"``, ``"cpu"`` (the tree's CPU time in its cgroup) or ``"oom"`` (the
+    cgroup's OOM kill count)), else the tests process's ``(reason, detail)`` verdict, else a sandbox that never
     started (``sandbox_error``), else how the interpreter ended as observed outside it (``ended``: see
     :func:`scalerl_jax.rewards.sandbox_procs._ended`). Only observations make a reason: the launcher's own clock and a
     CPU time at the limit are a ``timeout``; anything else that ended a started run (an exit status, a signal,
@@ -106,7 +120,10 @@ def classify_run(killed: str | None, verdict: tuple[str, str] | None, started: b
 
     limits = {"timeout": ("timeout", f"over the {cfg.timeout_s:g} s wall clock"),
               "output": ("output_limit", f"printed over {cfg.max_output_bytes} bytes on stdout or stderr"),
-              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together")}
+              "memory": ("memory", f"the run's processes held over {cfg.memory_mb} MB together"),
+              "oom": ("memory", f"the kernel ended a process over the {cfg.memory_mb} MB limit of its cgroup "
+                                "(every page it held counted)"),
+              "cpu": ("timeout", f"the run's processes used over {tree_cpu_limit_s(cfg):g} CPU seconds together")}
     if killed is not None:
         return result(*limits[killed])
     if verdict is not None:

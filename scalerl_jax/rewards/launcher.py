@@ -1,7 +1,8 @@
 """The launcher: the process between the trainer and one sandboxed interpreter, shipped as source to
 ``python -I -S -c`` by :func:`scalerl_jax.rewards.harness.source` (every function self-contained, imports inside).
 
-It drops root to the interpreter's fresh uid (making paths that uid cannot reach visible in a private mount
+It joins the run's cgroups where the trainer made them (before anything else, so all it starts is counted
+there), drops root to the interpreter's fresh uid (making paths that uid cannot reach visible in a private mount
 namespace), then either execs bubblewrap, or, in the rlimits mode, starts the interpreter itself:
 
 - as the init of new pid, network, IPC and mount namespaces, where the kernel allows them (root makes them;
@@ -47,6 +48,10 @@ def _launcher_main() -> None:
             raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
     uid, status_fd = c["uid"], c["status_fd"]
+    for procs in c.get("cgroup_procs", []):  # our cgroups, before anything else: all we start is counted there
+        if not _write(procs, str(os.getpid())):
+            os.write(status_fd, status_line(refused=f"could not join the run's cgroup ({procs})"))
+            os._exit(126)
     if uid is not None and c["mode"] == "rlimits":
         c["env"]["SANDBOX_ONLY_TASK"] = "1"  # a fresh uid: the interpreter is its only task
     os.umask(0o022)

@@ -32,8 +32,11 @@ How a run ended is what was observed outside the program: the trainer's clock an
 launcher's report on a pipe the interpreter does not hold (its clock, the kernel's signal, the CPU time), the CPU
 time sampled while a bubblewrap run ran. An exit status is never read as a signal or a timeout.
 
-Both run under rlimits (CPU, address space, processes, file size, open files, no core). From outside, the trainer
-enforces the wall clock, caps stdout/stderr and samples the resident memory of both process trees.
+Both run under rlimits (CPU, address space, processes, file size, open files, no core). Where the trainer can make
+cgroups (root, writable cgroup v1 hierarchies) each launcher joins a group of its own first
+(:mod:`scalerl_jax.rewards.cgroups`): memory of every kind, a CPU quota, the tree's CPU time and its processes are
+counted and bound by the kernel. From outside, the trainer enforces the wall clock, caps stdout/stderr and samples
+the resident memory of both process trees (and, with cgroups, their CPU time together).
 
 Root. ``RLIMIT_NPROC`` does not bind uid 0 and a root program could signal the trainer, so as root every
 interpreter gets its own unused uid. Interpreter paths that uid cannot reach (a pyenv under ``/root``) are made
@@ -66,6 +69,7 @@ import time
 import weakref
 from typing import NamedTuple
 
+from scalerl_jax.rewards import cgroups
 from scalerl_jax.rewards.code_types import CodeResult, SandboxConfig, classify_run
 from scalerl_jax.rewards.harness import source
 from scalerl_jax.rewards.sandbox_procs import _collect, _ended, _Launch, _read_verdict, _status, _stop, kill_uid
@@ -80,6 +84,9 @@ NAMESPACES = True
 #: the rlimits mode uses Landlock where the kernel has it (False: as on a kernel without; the tests use it to check
 #: that the mode then refuses unless isolation='rlimits-weak'). Read when a Sandbox is made.
 LANDLOCK = True
+#: give every interpreter its own cgroup where the host allows it (:mod:`scalerl_jax.rewards.cgroups`; False: as on
+#: a host without; the tests use it to compare). Read when a Sandbox is made.
+CGROUPS = True
 
 
 class SandboxError(RuntimeError):
@@ -191,6 +198,7 @@ class Sandbox:
         self._namespaces = NAMESPACES
         self._weak = self.config.isolation == "rlimits-weak"  # rlimits without Landlock, named explicitly
         self._landlock = LANDLOCK
+        self._cgroups = cgroups.find() if CGROUPS and self.config.cgroups and self.config.isolation != "none" else None
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)
@@ -212,7 +220,9 @@ class Sandbox:
                 "no namespaces (tree sweep)"
             how = (f" ({ns}, {'tmpfs' if c.get('scratch_tmpfs') else 'UNCAPPED host-disk'} scratch, Landlock ABI "
                    f"{c.get('landlock', 0)}{', no sockets, no memfd or System V IPC' if c.get('seccomp') else ''})")
-        return f"{self.isolation}{how}, as {who}"
+        groups = (f", {self._cgroups.describe()}" if self._cgroups is not None else
+                  ", no cgroups (per-process limits only)") if self.isolation != "none" else ""
+        return f"{self.isolation}{how}{groups}, as {who}"
 
     def _resolve(self, want: str) -> str:
         if want == "none":
@@ -303,8 +313,10 @@ class Sandbox:
     def _launch(self, role: str, job: dict, fds: tuple[int, ...], mode: str, cfg: SandboxConfig) -> _Launch:
         """Start the launcher of one interpreter (``role``: ``"program"`` or ``"tests"``) holding ``fds``."""
         uid = self._uids.get() if self._uids is not None and mode != "none" else None
-        scratch, sr, sw, jfd = None, *os.pipe(), os.memfd_create("scalerl-code-job")
+        scratch, group, sr, sw, jfd = None, None, *os.pipe(), os.memfd_create("scalerl-code-job")
         try:
+            if self._cgroups is not None and mode != "none":
+                group = self._cgroups.new(cfg.memory_mb << 20, cfg.cpu_cores, cfg.max_procs)
             with open(jfd, "wb", closefd=False) as f:
                 f.write(marshal.dumps(job))
             os.lseek(jfd, 0, os.SEEK_SET)
@@ -320,7 +332,8 @@ class Sandbox:
                       "status_fd": sw, "close": list(fds), "argv": argv, "scratch": scratch, "read": self._read,
                       "env": {"HOME": scratch or "/", "TMPDIR": scratch or "/tmp", "LANG": "C.UTF-8"},
                       "timeout": cfg.timeout_s, "cpu": math.ceil(cfg.cpu_s), "namespaces": self._namespaces,
-                      "weak": self._weak, "landlock": self._landlock, "scratch_bytes": cfg.max_file_mb << 20}
+                      "weak": self._weak, "landlock": self._landlock, "scratch_bytes": cfg.max_file_mb << 20,
+                      "cgroup_procs": group.procs_files() if group is not None else []}
             proc = subprocess.Popen([self._interp.exe, "-I", "-S", "-c", source("launcher"), repr(launch)],
                                     stdin=jfd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(*fds, sw),
                                     start_new_session=True, env={}, cwd="/")
@@ -330,17 +343,21 @@ class Sandbox:
                 self._uids.put(uid)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+            if group is not None:
+                group.close()
             raise
         finally:
             os.close(jfd)
             os.close(sw)
-        return _Launch(proc, sr, uid, scratch, mode)
+        return _Launch(proc, sr, uid, scratch, mode, group)
 
     def _finish(self, launch: _Launch, killed: str | None) -> None:
         """Stop what is left of one interpreter, reap it, return its uid and scratch directory."""
         p = launch.proc
         if p.poll() is None:
             _stop(launch)
+        if launch.group is not None and not launch.group.close():
+            log.warning("code sandbox: a run's cgroup could not be removed: %s", launch.group.dirs)
         for s in (p.stdout, p.stderr):
             s.close()
         os.close(launch.status)
@@ -383,6 +400,8 @@ class Sandbox:
                 refused = " ".join(s["refused"] for s in status.values() if "refused" in s)
                 err = (refused + " " + err + " " + test_err).strip()
             verdict = _read_verdict(bytes(head["verdict"]))
+            if killed is None and any(launch.group is not None and launch.group.oom_kills() for launch in launches):
+                killed = "oom"  # the kernel's count: a process over the cgroup's memory limit was ended
             seconds = time.monotonic() - t0
             test_end = _ended(test, head["tstatus"], head["cpu"]["test"]) if started else {}
             if killed is None and test_end.get("how") == "timeout":

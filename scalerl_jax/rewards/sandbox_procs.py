@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import NamedTuple
 
-from scalerl_jax.rewards.code_types import HEAD_BYTES, SandboxConfig
+from scalerl_jax.rewards.code_types import HEAD_BYTES, SandboxConfig, tree_cpu_limit_s
 
 _VERDICT_MAX = 1 << 16  # more than this on the verdict pipe is not a verdict
 _STOP_GRACE_S = 2.0  # after SIGTERM, how long an rlimits launcher may take to kill its tree before SIGKILL
@@ -89,14 +89,15 @@ def kill_uid(uid: int, rounds: int = 500) -> int:
 
 
 class _Launch(NamedTuple):
-    """One launched interpreter: its launcher process, the read end of its status pipe, its uid (as root) and its
-    scratch directory (rlimits)."""
+    """One launched interpreter: its launcher process, the read end of its status pipe, its uid (as root), its
+    scratch directory (rlimits) and its cgroup (:class:`~scalerl_jax.rewards.cgroups.RunGroup`, where used)."""
 
     proc: subprocess.Popen
     status: int
     uid: int | None
     scratch: str | None
     mode: str
+    group: object = None
 
 
 def _status(raw: bytes) -> dict:
@@ -165,8 +166,9 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
              ) -> tuple[str | None, dict]:
     """Read both interpreters' stdout, stderr and status pipes and the verdict pipe until the tests process has
     ended (and the program's, or 0.3 s more), or a limit is broken, sampling the memory of both process trees.
-    Returns ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"`` or ``"memory"``; ``heads`` the
-    first bytes of each stream."""
+    Returns ``(killed, heads)``: ``killed`` is None, ``"timeout"``, ``"output"``, ``"memory"``, ``"oom"`` (the
+    kernel ended a process over its cgroup's memory limit) or ``"cpu"`` (the tree's CPU time in its cgroup over
+    :func:`~scalerl_jax.rewards.code_types.tree_cpu_limit_s`); ``heads`` the first bytes of each stream."""
     streams = {prog.proc.stdout.fileno(): "stdout", prog.proc.stderr.fileno(): "stderr",
                test.proc.stdout.fileno(): "tstdout", test.proc.stderr.fileno(): "tstderr", ver_r: "verdict",
                prog.status: "pstatus", test.status: "tstatus"}
@@ -195,6 +197,15 @@ def _collect(prog: _Launch, test: _Launch, ver_r: int, deadline: float, cfg: San
                     break
                 for name, launch in (("prog", prog), ("test", test)):  # bubblewrap's exit status cannot say
                     cpu[name] = max(cpu[name], tree_cpu_s(launch.proc.pid, table))
+                # where cgroups count them: a process the kernel ended over the memory limit, and the whole tree's
+                # CPU time (RLIMIT_CPU binds each process alone)
+                groups = [g for g in (prog.group, test.group) if g is not None]
+                if any(g.oom_kills() for g in groups):
+                    killed = "oom"
+                    break
+                if any(g.cpu_s() > tree_cpu_limit_s(cfg) for g in groups):
+                    killed = "cpu"
+                    break
                 sample_at = now + _RSS_EVERY_S
             end = min(deadline, sample_at if not exited else now + 0.05)
             for fd, _ in poller.poll(math.ceil(max(0.0, end - now) * 1000)):

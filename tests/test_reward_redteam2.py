@@ -500,6 +500,12 @@ def test_a_cgroup_counts_memory_and_cpu_that_per_process_limits_miss(mode):
     assert r.seconds < 30, r  # a hang guard: the tree's 3.5 CPU seconds at 1 core come long before the wall clock
     assert r.seconds >= tree_cpu_limit_s(cfg) / cfg.cpu_cores - 0.5, r  # the quota: no more than one core's worth
     assert not [d for d in os.listdir(groups.parents["memory"]) if d.startswith("run-")]
+    # what a trainer killed before its clean-up left (a pid above the kernel's pid_max: never running) is swept
+    base = os.path.dirname(groups.parents["cpu"])
+    stale = os.path.join(base, "scalerl-4194999")
+    os.makedirs(os.path.join(stale, "run-4194999-1"))
+    cgroups._sweep_stale(base)
+    assert not os.path.exists(stale)
 
 
 def test_rlimits_without_landlock_refuses_unless_named_weak():

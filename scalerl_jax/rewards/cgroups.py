@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import signal
 import time
@@ -77,6 +78,7 @@ class RunGroup:
 
     def __init__(self, dirs: dict[str, str]) -> None:
         self.dirs = dirs
+        self.owner: set | None = None  # the live set of the Cgroups that made it
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` file of each distinct directory: the launcher writes its pid into each."""
@@ -136,6 +138,8 @@ class RunGroup:
                     time.sleep(0.01)
             else:
                 removed = False
+        if removed and self.owner is not None:
+            self.owner.discard(self)
         return removed
 
 
@@ -145,15 +149,15 @@ class Cgroups:
 
     def __init__(self, parents: dict[str, str]) -> None:
         self.parents = parents
-        self._n = 0
+        self._n = itertools.count(1)  # thread-safe: the pool's workers make groups at once
+        self._live: set[RunGroup] = set()  # closed at exit too: runs still in flight when the trainer ends
 
     def describe(self) -> str:
         return "cgroup v1 (memory, CPU quota and CPU time, pids per interpreter)"
 
     def new(self, memory_bytes: int, cpu_cores: float, max_procs: int) -> RunGroup:
         """A fresh group in every hierarchy with its limits set; raises OSError if one cannot be made."""
-        self._n += 1
-        name = f"run-{os.getpid()}-{self._n}-{time.monotonic_ns()}"
+        name = f"run-{os.getpid()}-{next(self._n)}"
         dirs: dict[str, str] = {}
         try:
             for ctl, parent in self.parents.items():
@@ -175,13 +179,33 @@ class Cgroups:
         except BaseException:
             RunGroup(dirs).close()
             raise
-        return RunGroup(dirs)
+        group = RunGroup(dirs)
+        group.owner = self._live
+        self._live.add(group)
+        return group
 
     def close(self) -> None:
-        """Remove the parent groups (once every run's group is gone)."""
+        """Close the runs' groups still open (their processes killed), then remove the parent groups."""
+        for group in list(self._live):
+            group.close()
         for d in dict.fromkeys(self.parents.values()):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+
+
+def _sweep_stale(base: str) -> None:
+    """Remove the groups a trainer that died without cleaning up left under ``base`` (``scalerl-<pid>`` of a pid
+    that no longer runs), killing anything still in them."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            pid = name.removeprefix("scalerl-")
+            if name.startswith("scalerl-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                d = os.path.join(base, name)
+                with contextlib.suppress(OSError):
+                    for run in os.listdir(d):
+                        if os.path.isdir(os.path.join(d, run)):
+                            RunGroup({"any": os.path.join(d, run)}).close(rounds=50)
+                    os.rmdir(d)
 
 
 @functools.cache
@@ -199,6 +223,7 @@ def find() -> Cgroups | None:
             base = os.path.join(mounts[ctl], own.get(ctl, "/").lstrip("/"))
             if not os.path.isdir(base):  # a cgroup namespace: the mount is this process's own group
                 base = mounts[ctl]
+            _sweep_stale(base)
             d = os.path.join(base, f"scalerl-{os.getpid()}")
             if d not in parents.values():
                 os.makedirs(d, exist_ok=True)

@@ -45,12 +45,16 @@ B_PRIOR_LOC = float(np.log(1.5))
 B_PRIOR_SCALE = 1.0
 SIGMA_PRIOR_SCALE = 0.1
 LOG_DISP_PRIOR_SCALE = 2.0
+# The lag-one correlation of consecutive evals' residuals: rho = RHO_MAX x Beta(RHO_PRIOR), mean 0.32
+RHO_PRIOR = (1.0, 2.0)
+RHO_MAX = 0.95
 # Data are padded to a multiple of this many points (masked out of the likelihood) so that curves of
 # nearby lengths share one compiled sampler.
 PAD_MULTIPLE = 32
 
 
-def _model(logc, positive, reward, mask, nk, kk, r0_fixed, a_fixed, logc_loc, logc_scale, *, fit_r0, counts, fix_a):
+def _model(logc, positive, reward, mask, nk, kk, r0_fixed, a_fixed, logc_loc, logc_scale, rho_max, *, fit_r0, counts,
+           fix_a):
     """The generative model; the keyword flags select the variant and are fixed per compiled sampler."""
     if fit_r0:
         r0 = numpyro.sample("R0", dist.Uniform(0.0, 1.0))
@@ -76,8 +80,17 @@ def _model(logc, positive, reward, mask, nk, kk, r0_fixed, a_fixed, logc_loc, lo
         sd = jnp.sqrt(var)
     else:
         sd = numpyro.sample("sigma", dist.HalfNormal(SIGMA_PRIOR_SCALE))
+    # Consecutive evals drift together: each eval's standardised residual is an AR(1) of the previous one's
+    # (marginal sd unchanged), so a run of evals above or below the curve counts as less evidence than as many
+    # independent ones, and the curve's parameters are as uncertain as that makes them.
+    rho = numpyro.deterministic("rho", rho_max * numpyro.sample("rho_u", dist.Beta(RHO_PRIOR[0], RHO_PRIOR[1])))
+    z = (reward - mu) / sd
+    after = jnp.arange(z.shape[-1]) > 0
+    z_prev = jnp.concatenate([jnp.zeros_like(z[..., :1]), z[..., :-1]], axis=-1)
+    loc = mu + jnp.where(after, rho * sd * z_prev, 0.0)
+    scale = sd * jnp.where(after, jnp.sqrt(1.0 - rho**2), 1.0)
     with numpyro.handlers.mask(mask=mask):
-        numpyro.sample("obs", dist.Normal(mu, sd), obs=reward)
+        numpyro.sample("obs", dist.Normal(loc, scale), obs=reward)
     del kk  # k enters only through the interpretation of the dispersion d = 1 + (k - 1) rho
 
 
@@ -91,6 +104,7 @@ def _latent_sites(fit_r0: bool, counts: bool, fix_a: bool) -> tuple[str, ...]:
     if not fix_a:
         sites.append("u_A")
     sites.append("log_disp" if counts else "sigma")
+    sites.append("rho_u")
     return tuple(sites)
 
 
@@ -183,7 +197,7 @@ class SigmoidPosterior:
         """{"A": {"mean", "median", "lo", "hi"}, ...}: lo/hi bound the central ``interval`` (default 90 %)."""
         q = (1.0 - interval) / 2.0
         out = {}
-        for name in ("A", "B", "C_mid", "R0", "sigma", "dispersion"):
+        for name in ("A", "B", "C_mid", "R0", "sigma", "dispersion", "rho"):
             if name not in self.samples:
                 continue
             x = self.samples[name]
@@ -247,7 +261,8 @@ class _Prepared:
     inputs: dict
 
 
-def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="fit_bayes") -> _Prepared:
+def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="fit_bayes",
+             correlated: bool = True) -> _Prepared:
     # stacklevel 4: a flat-curve warning names fit_bayes' line, not this helper's
     c, r, r0_value, keep = check_fit_data(compute, reward, R0, exclude_below=exclude_below, name=name,
                                           allow_fitted_R0=True, stacklevel=4)
@@ -275,6 +290,7 @@ def _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, name="
         "a": 0.0 if A is None else A,
         "logc_loc": float(0.5 * (np.log(c_min) + np.log(c_max))),
         "logc_scale": max(2.0, float(np.log(c_max / c_min))),
+        "rho_max": RHO_MAX if correlated else 0.0,
     }
     inputs = {
         "R0": r0_value,
@@ -301,7 +317,7 @@ def _stack_args(preps: list[_Prepared], num_chains: int):
         cols.append(jnp.asarray(np.repeat(np.stack(rows), num_chains, axis=0)))
     scal = [
         jnp.asarray(np.repeat(np.array([p.scalars[k] for p in preps], dtype=float), num_chains))
-        for k in ("r0", "a", "logc_loc", "logc_scale")
+        for k in ("r0", "a", "logc_loc", "logc_scale", "rho_max")
     ]
     return tuple(cols + scal)
 
@@ -324,8 +340,8 @@ def _logit(p: float) -> float:
 def _start_point(prep: _Prepared, init: dict | None) -> tuple[dict, float]:
     """The chains' starting centre in the sampler's unconstrained coordinates, and their spread around it.
 
-    ``init`` (a warm start): constrained values of an earlier fit ("A", "B", "C_mid" and, where this fit samples
-    them, "R0", "dispersion" or "sigma"), e.g. its posterior medians; None or a missing value: the cold start."""
+    ``init`` (a warm start): constrained values of an earlier fit ("A", "B", "C_mid", "rho" and, where this fit
+    samples them, "R0", "dispersion" or "sigma"), e.g. its posterior medians; None or a missing value: the cold start."""
     fit_r0, counts, fix_a = prep.flags
     centre = {s: 0.0 for s in _latent_sites(fit_r0, counts, fix_a)}
     if not counts:
@@ -352,6 +368,8 @@ def _start_point(prep: _Prepared, init: dict | None) -> tuple[dict, float]:
         centre["log_disp"] = float(np.log(max(np.log(max(init["dispersion"], 1.0)), 1e-3)))
     if not counts and have("sigma") and init["sigma"] > 0:
         centre["sigma"] = float(np.log(init["sigma"]))
+    if have("rho"):
+        centre["rho_u"] = _logit(init["rho"] / RHO_MAX)
     return centre, WARM_SPREAD
 
 
@@ -372,7 +390,7 @@ def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup
     values = {k: np.asarray(v, dtype=float) for k, v in values.items()}
     div = np.asarray(div)
     names = (["B", "C_mid"] if fix_a else ["A", "B", "C_mid"]) + (["R0"] if fit_r0 else [])
-    names.append("dispersion" if counts else "sigma")
+    names += ["dispersion" if counts else "sigma", "rho"]
     out = []
     for d, p in enumerate(preps):
         lanes = slice(d * num_chains, (d + 1) * num_chains)
@@ -439,6 +457,7 @@ def fit_bayes(
     A=None,
     exclude_below: float = 0.0,
     init: dict | None = None,
+    correlated: bool = True,
 ) -> SigmoidPosterior:
     """Posterior over the ScaleRL law's parameters with NumPyro NUTS (chains vectorised on one device).
 
@@ -455,6 +474,10 @@ def fit_bayes(
           sd_i^2 = mu_i (1 - mu_i) / (n k) * d, the variance of a mean of n binomial(k, p_j) counts
           whose p_j vary over prompts (d = 1 + (k - 1) rho), with log d ~ HalfNormal(2).
         - Otherwise sd_i = sigma ~ HalfNormal(0.1).
+        - Consecutive evals' residuals are correlated (``correlated``): z_i = (reward_i - R_i) / sd_i is an
+          AR(1), z_i | z_{i-1} ~ Normal(rho z_{i-1}, 1 - rho^2), rho = 0.95 u with u ~ Beta(1, 2) (mean 0.32):
+          each eval keeps its marginal sd, and a stretch of evals on one side of the curve (the policy drifting
+          between evals) weighs as the fewer independent evals it is worth.
 
     Args:
         compute, reward: the curve (reward a pass rate in [0, 1]; compute strictly increasing).
@@ -467,12 +490,13 @@ def fit_bayes(
         init: a warm start, e.g. an earlier fit's posterior medians ({"A", "B", "C_mid", ...} in the model's own
             units): the chains start within a small box around it instead of over the prior's bulk (the live
             forecast refits a growing curve this way).
+        correlated: fit the residuals' lag-one correlation (default); False treats evals as independent (rho 0).
 
     Returns a SigmoidPosterior; warns (ScalingFitWarning) when any R-hat exceeds 1.01, NUTS diverged,
     or the ceiling runs into its bound.
     """
     num_samples, num_chains, num_warmup = _check_run_args(num_samples, num_chains, num_warmup)
-    prep = _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below)
+    prep = _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, correlated=correlated)
     post = _run_batch([prep], seed, num_samples, num_chains, num_warmup, inits=[init])[0]
     _warn_diagnostics(post, "fit_bayes")
     return post
@@ -486,6 +510,7 @@ def fit_bayes_batch(
     num_chains: int = 4,
     num_warmup: int | None = None,
     exclude_below: float = 0.0,
+    correlated: bool = True,
 ) -> list[SigmoidPosterior]:
     """``fit_bayes`` for many curves in one vectorised NUTS run (same priors, independent posteriors).
 
@@ -500,7 +525,7 @@ def fit_bayes_batch(
     preps = [
         _prepare(
             d["compute"], d["reward"], d.get("R0"), d.get("n_prompts"), d.get("k_samples"), d.get("A"),
-            exclude_below, name=f"fit_bayes_batch[{i}]",
+            exclude_below, name=f"fit_bayes_batch[{i}]", correlated=correlated,
         )
         for i, d in enumerate(curves)
     ]

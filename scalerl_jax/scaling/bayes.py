@@ -15,6 +15,12 @@ Priors (weak but proper; stated again in ``fit_bayes``'s docstring):
   between evaluations. With ~10^4 draws per point the Normal form of this binomial-like
   likelihood is accurate.
 - Noise otherwise: Normal with sigma ~ HalfNormal(0.1).
+- Drift between evals: the standardised residuals z_i = (reward_i - mu_i) / sd_i of consecutive evals form an
+  AR(1), z_i | z_{i-1} ~ Normal(rho z_{i-1}, 1 - rho^2), with rho = 0.95 u, u ~ Beta(1, 2) (``correlated=False``:
+  rho = 0, independent evals). Each eval keeps its marginal sd (the predictive band of one eval is unchanged in
+  form); a policy that drifts between evals makes the curve's parameters as uncertain as the fewer independent
+  evals it amounts to. Chosen on simulated curves (tests/scaling/test_scaling_bayes.py), before the calibration
+  study of the stored runs (docs/results/calibration.md) was run with it.
 
 Parameters are sampled in standardised coordinates (unit-scale normals, a logit for A) so that NUTS
 sees the same geometry whatever the compute unit, and one compiled sampler serves every data set of
@@ -341,7 +347,8 @@ def _start_point(prep: _Prepared, init: dict | None) -> tuple[dict, float]:
     """The chains' starting centre in the sampler's unconstrained coordinates, and their spread around it.
 
     ``init`` (a warm start): constrained values of an earlier fit ("A", "B", "C_mid", "rho" and, where this fit
-    samples them, "R0", "dispersion" or "sigma"), e.g. its posterior medians; None or a missing value: the cold start."""
+    samples them, "R0", "dispersion" or "sigma"), e.g. its posterior medians; None or a missing value: the cold
+    start."""
     fit_r0, counts, fix_a = prep.flags
     centre = {s: 0.0 for s in _latent_sites(fit_r0, counts, fix_a)}
     if not counts:

@@ -502,10 +502,16 @@ def test_a_cgroup_counts_memory_and_cpu_that_per_process_limits_miss(mode):
     assert not [d for d in os.listdir(groups.parents["memory"]) if d.startswith("run-")]
     # what a trainer killed before its clean-up left (a pid above the kernel's pid_max: never running) is swept
     base = os.path.dirname(groups.parents["cpu"])
-    stale = os.path.join(base, "scalerl-4194999")
-    os.makedirs(os.path.join(stale, "run-4194999-1"))
-    cgroups._sweep_stale(base)
-    assert not os.path.exists(stale)
+    stale = os.path.join(base, f"{cgroups._prefix()}4194999")
+    elsewhere = os.path.join(base, "scalerl-another.host-4194999")
+    for d in (stale, elsewhere):
+        os.makedirs(os.path.join(d, "run-4194999-1"))
+    try:
+        cgroups._sweep_stale(base)
+        assert not os.path.exists(stale) and os.path.exists(elsewhere)  # another host's groups are not ours to sweep
+    finally:
+        for d in (os.path.join(elsewhere, "run-4194999-1"), elsewhere):
+            os.rmdir(d)
 
 
 def test_rlimits_without_landlock_refuses_unless_named_weak():

@@ -144,7 +144,7 @@ class RunGroup:
 
 
 class Cgroups:
-    """The trainer's parent groups (``scalerl-<pid>`` under its own group in each hierarchy) and a factory of
+    """The trainer's parent groups (``scalerl-<host>-<pid>`` under its own group in each hierarchy) and a factory of
     :class:`RunGroup`; :func:`find` returns one where the host allows it."""
 
     def __init__(self, parents: dict[str, str]) -> None:
@@ -193,13 +193,20 @@ class Cgroups:
                 os.rmdir(d)
 
 
+def _prefix() -> str:
+    """``scalerl-<host name>-``: the parent groups' names start with it, so that a sweep on one machine (or
+    container: a pid is only this host's) never takes another's groups in a hierarchy they share."""
+    return "scalerl-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in os.uname().nodename) + "-"
+
+
 def _sweep_stale(base: str) -> None:
-    """Remove the groups a trainer that died without cleaning up left under ``base`` (``scalerl-<pid>`` of a pid
-    that no longer runs), killing anything still in them."""
+    """Remove the groups a trainer of this host that died without cleaning up left under ``base``
+    (``scalerl-<host>-<pid>`` of a pid that no longer runs), killing anything still in them."""
+    prefix = _prefix()
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
-            pid = name.removeprefix("scalerl-")
-            if name.startswith("scalerl-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            pid = name.removeprefix(prefix)
+            if name.startswith(prefix) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 d = os.path.join(base, name)
                 with contextlib.suppress(OSError):
                     for run in os.listdir(d):
@@ -224,7 +231,7 @@ def find() -> Cgroups | None:
             if not os.path.isdir(base):  # a cgroup namespace: the mount is this process's own group
                 base = mounts[ctl]
             _sweep_stale(base)
-            d = os.path.join(base, f"scalerl-{os.getpid()}")
+            d = os.path.join(base, f"{_prefix()}{os.getpid()}")
             if d not in parents.values():
                 os.makedirs(d, exist_ok=True)
             parents[ctl] = d

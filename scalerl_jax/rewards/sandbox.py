@@ -84,9 +84,6 @@ NAMESPACES = True
 #: the rlimits mode uses Landlock where the kernel has it (False: as on a kernel without; the tests use it to check
 #: that the mode then refuses unless isolation='rlimits-weak'). Read when a Sandbox is made.
 LANDLOCK = True
-#: give every interpreter its own cgroup where the host allows it (:mod:`scalerl_jax.rewards.cgroups`; False: as on
-#: a host without; the tests use it to compare). Read when a Sandbox is made.
-CGROUPS = True
 
 
 class SandboxError(RuntimeError):
@@ -198,7 +195,7 @@ class Sandbox:
         self._namespaces = NAMESPACES
         self._weak = self.config.isolation == "rlimits-weak"  # rlimits without Landlock, named explicitly
         self._landlock = LANDLOCK
-        self._cgroups = cgroups.find() if CGROUPS and self.config.cgroups and self.config.isolation != "none" else None
+        self._cgroups = cgroups.find() if self.config.cgroups and self.config.isolation != "none" else None
         system = [d for d in _SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         self._read = _readable([*self._interp.binds, *system, "/proc"], self._interp.masks)
         self.isolation = self._resolve(self.config.isolation)

@@ -53,9 +53,35 @@ def breakdown(rows: list[dict], skip: int, eval_every: int) -> dict:
     one_eval = float(np.median([e["eval_seconds"] for e in evals])) if evals else float("nan")
     return {"steps": len(train), "steady_steps": len(steady), "first_steps_s": [r["loop_seconds"] for r in
                                                                                 train[:skip]],
-            **parts, "flops_per_step": per_step_flops, "eval_seconds": one_eval,
+            **parts, **spread(steady), "flops_per_step": per_step_flops, "eval_seconds": one_eval,
             "eval_per_step": one_eval / max(eval_every, 1), "completion_len": mean("completion_len"),
             "train_rows": mean("train_rows")}
+
+
+def cv(xs: list[float]) -> float:
+    """Coefficient of variation (population sd / mean); nan for fewer than two values."""
+    return float(np.std(xs) / np.mean(xs)) if len(xs) > 1 and np.mean(xs) > 0 else float("nan")
+
+
+def spread(train: list[dict]) -> dict:
+    """How steady the steps are: the coefficient of variation of the trainer's step (``loop_cv``), of the train
+    step's seconds per trained row (``per_row_cv``: a compacted batch trains fewer rows and is meant to take less
+    time) and, among steps that trained the same number of rows, the steps' CV pooled over the row counts that
+    occur at least three times (``same_rows_cv``, weighted by their step counts)."""
+    by_rows: dict[int, list[float]] = {}
+    for r in train:
+        by_rows.setdefault(int(r.get("train_rows", 0)), []).append(r["step_seconds"])
+    groups = [v for v in by_rows.values() if len(v) >= 3]
+    pooled = (sum(len(v) * cv(v) for v in groups) / sum(len(v) for v in groups)) if groups else float("nan")
+    return {"loop_cv": cv([r["loop_seconds"] for r in train]),
+            "per_row_cv": cv([r["step_seconds"] / r["train_rows"] for r in train if r.get("train_rows")]),
+            "same_rows_cv": pooled, "same_rows_steps": sum(len(v) for v in groups)}
+
+
+def spread_line(r: dict) -> str:
+    """The spread of :func:`spread` in words."""
+    return (f"step-time CV {r['loop_cv']:.0%}, per trained row {r['per_row_cv']:.0%}, at equal rows "
+            f"{r['same_rows_cv']:.0%} ({r['same_rows_steps']} steps)")
 
 
 def run_preset(preset: str, steps: int, out: Path, sets: list[str]) -> tuple[list[dict], int]:
@@ -124,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{preset}: first {len(r['first_steps_s'])} steps {', '.join(f'{s:.2f}' for s in r['first_steps_s'])} s"
               f" (compilation); one eval {r['eval_seconds']:.2f} s; whole invocation {r['run_seconds']:.0f} s, "
               f"{r['minor_faults_per_step']:,.0f} page faults and {r['kernel_cpu_s_per_step']:.2f} s of kernel CPU "
-              "per step")
+              f"per step; {spread_line(r)}")
     if a.json:
         Path(a.json).write_text(json.dumps({"matmul_flops_per_s": rate, "host": hostmem.describe(), "machine": facts,
                                             "presets": results}, indent=2))

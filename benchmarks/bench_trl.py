@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         ap.error("TRL is not installed: pip install trl==1.16.0 (a test-only dependency)")
 
-    from scalerl_jax.benchmarks.bench_loop import breakdown, run_preset
+    from scalerl_jax.benchmarks.bench_loop import breakdown, cv, run_preset, spread_line
     from scalerl_jax.experiments.presets import small_plan
 
     exp = small_plan(0).exp  # the batch, learning rate, eps_max and template both sides use
@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{f'TRL {name}':<24} {m:>8.2f} {m / ours_mean:>10.2f}   "
               f"{' '.join(f'{s:.2f}' for s in steps)}")
     best = min(statistics.mean(s[a.skip:]) for s in trl_runs.values())
-    print(f"\nours against TRL's best setting: {best / ours_mean:.2f}x faster per step")
+    print(f"\nours: {spread_line(ours)}; " + "; ".join(
+        f"TRL {name}: step-time CV {cv(steps[a.skip:]):.0%}" for name, steps in trl_runs.items()))
+    print(f"ours against TRL's best setting: {best / ours_mean:.2f}x faster per step")
     if a.json:
         batch = {"prompts": a.prompts, "group": a.group, "max_new": a.max_new}
         Path(a.json).write_text(json.dumps({"batch": batch, "skip": a.skip, "ours_steps": ours_steps,

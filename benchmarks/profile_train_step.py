@@ -4,6 +4,14 @@ compiled program's op counts (dots, copies / transposes, the bytes they write).
 
     .venv/bin/python -m benchmarks.profile_train_step                    # tiny 128 x 40, as bench_train_step
     .venv/bin/python -m benchmarks.profile_train_step --model llama_100m --batch 2 --seq 128
+    .venv/bin/python -m benchmarks.profile_train_step --rl                # the small preset's RL step, 256 x 68
+    XLA_FLAGS=... .venv/bin/python -m benchmarks.profile_train_step --rl --no-trace   # time one XLA option
+
+With ``--rl`` the step is the RL loop's own (``scalerl_jax.train.rl.rl_loss`` with the ``small`` preset's model,
+loss and optimiser, ``make_train_step``, jitted, state donated) on a batch of the preset's shape: 256 rows of
+prompt + completion (32 + 36 = 68 tokens), the loss on the last 36 of each row, vocabulary ``--vocab`` (the small
+preset's BPE tokenizer has 512). It also prints the step's counted FLOPs (3 x forward over all B x T tokens,
+padding included) over the 1024^3 matmul rate measured in the same process: the step's ratio to its floor.
 
 The step is the one ``benchmarks/bench_train_step.py`` times (``cross_entropy_loss`` -> ``make_train_step`` with
 AdamW, jitted, state donated). Time shares come from the trace events of the XLA:CPU runtime (one per executed
@@ -75,7 +83,8 @@ def hlo_stats(hlo: str) -> tuple[dict[str, str], collections.Counter, collection
     return meta, count, nbytes
 
 
-def profile(model: str, batch: int, seq: int, steps: int, top: int) -> None:
+def sft_step(model: str, batch: int, seq: int):
+    """(config, jitted step, state, batch) of the cross-entropy step bench_train_step times."""
     import jax
     import jax.numpy as jnp
 
@@ -93,11 +102,69 @@ def profile(model: str, batch: int, seq: int, steps: int, top: int) -> None:
     tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, cfg.vocab_size)
     data = {"tokens": tokens, "loss_mask": jnp.ones(tokens.shape, jnp.float32)}
     step = jax.jit(make_train_step(cross_entropy_loss(cfg), opt), donate_argnums=(0,))
-    state = init_train_state(init_params(cfg, jax.random.key(0)), opt)
+    return cfg, step, init_train_state(init_params(cfg, jax.random.key(0)), opt), data
+
+
+def rl_step(vocab: int):
+    """(config, jitted step, state, batch) of the ``small`` preset's RL train step on a batch of its shape."""
+    import jax
+    from scalerl_jax.experiments.presets import small_plan
+
+    from scalerl_jax.models import init_params
+    from scalerl_jax.train.optim import make_optimizer
+    from scalerl_jax.train.rl import rl_loss
+    from scalerl_jax.train.step import init_train_state, make_train_step
+
+    exp = small_plan(0).exp
+    cfg = dataclasses.replace(exp.model, vocab_size=vocab)
+    rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
+    prompt, new = exp.rollout.max_prompt_len, exp.rollout.max_new_tokens
+    opt = make_optimizer(exp.train)
+    step = jax.jit(make_train_step(rl_loss(cfg, exp.loss, temperature=exp.rollout.temperature), opt,
+                                   exp.train.microbatches), donate_argnums=(0,))
+    rng = np.random.default_rng(0)
+    shape = (rows, prompt + new)
+    mask = np.zeros(shape, np.float32)
+    mask[:, prompt:] = 1.0
+    data = {"tokens": rng.integers(0, vocab, shape).astype(np.int32), "loss_mask": mask,
+            "gen_logp": np.full(shape, -1.0, np.float32), "staleness": np.zeros(shape, np.int32),
+            "advantages": rng.normal(size=rows).astype(np.float32), "rewards": rng.random(rows).astype(np.float32),
+            "group_ids": (np.arange(rows) // exp.rollout.group_size).astype(np.int32),
+            "truncated": np.zeros(rows, np.float32)}
+    return cfg, step, init_train_state(init_params(cfg, jax.random.key(0)), opt), data
+
+
+def profile(model: str, batch: int, seq: int, steps: int, top: int, rl: bool = False, vocab: int = 512,
+            trace: bool = True) -> None:
+    import jax
+    from scalerl_jax.benchmarks import machine
+
+    cfg, step, state, data = rl_step(vocab) if rl else sft_step(model, batch, seq)
+    t0 = time.perf_counter()
     meta, count, nbytes = hlo_stats(step.lower(state, data).compile().as_text())
+    compile_s = time.perf_counter() - t0
     for _ in range(2):
         state, m = step(state, data)
         jax.block_until_ready(m)
+    if rl:
+        rate = machine.matmul_flops_per_s()
+        b, t = data["tokens"].shape
+        flops = 3 * cfg.flops_per_token(t) * b * t
+        timed = []
+        for _ in range(max(steps, 10)):
+            t0 = time.perf_counter()
+            state, m = step(state, data)
+            jax.block_until_ready(m)
+            timed.append(time.perf_counter() - t0)
+        med = statistics.median(timed)
+        print(machine.header(machine.describe(matmul=False)))
+        print(f"RL step (small, {b} x {t}, vocab {cfg.vocab_size}): compile {compile_s:.1f} s; median "
+              f"{med * 1e3:.0f} ms over {len(timed)} steps (min {min(timed) * 1e3:.0f}, max {max(timed) * 1e3:.0f}); "
+              f"{flops / 1e9:.1f} GFLOP counted, {flops / med / 1e9:.1f} GFLOP/s against a 1024^3 matmul's "
+              f"{rate / 1e9:.1f}: {med / (flops / rate):.2f}x the floor")
+        model, batch, seq = "small RL", b, t
+        if not trace:
+            return
     walls = []
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
@@ -137,8 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq", type=int, default=40)
     ap.add_argument("--steps", type=int, default=5, help="traced steps (after 2 untraced)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--rl", action="store_true", help="the small preset's RL train step (--model/--batch/--seq unused)")
+    ap.add_argument("--vocab", type=int, default=512, help="with --rl: the vocabulary size")
+    ap.add_argument("--no-trace", action="store_true", help="with --rl: only time the step, no trace")
     a = ap.parse_args(argv)
-    profile(a.model, a.batch, a.seq, a.steps, a.top)
+    profile(a.model, a.batch, a.seq, a.steps, a.top, rl=a.rl, vocab=a.vocab, trace=not a.no_trace)
 
 
 if __name__ == "__main__":

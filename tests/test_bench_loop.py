@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from scalerl_jax.benchmarks.bench_loop import breakdown
+from scalerl_jax.benchmarks.bench_loop import breakdown, spread
 
 from tests.tolerances import ops
 
@@ -36,6 +36,23 @@ def test_breakdown_splits_the_loop_and_takes_the_eval_out():
     assert b["eval_per_step"] == pytest.approx(1.9 / 2, rel=mean3)
     # without the compilation steps set apart, step 1's loop still holds no eval: the step-0 eval precedes the loop
     assert breakdown(rows, skip=0, eval_every=2)["eval_in_loop"] == pytest.approx(0.8 / 4, rel=mean3)
+
+
+def test_spread_separates_the_row_count_from_the_swing():
+    """Worked by hand: steps of 128 rows at 1.0 / 1.2 / 0.8 s and of 256 rows at 2.0 / 2.0 / 2.0 s (time proportional
+    to rows, so per row they are 1/128 x (1.0, 1.2, 0.8, 1.0, 1.0, 1.0)), one step of 64 rows at 0.5 s (per row
+    1/128) that is in no group of three."""
+    times = [(128, 1.0), (128, 1.2), (128, 0.8), (256, 2.0), (256, 2.0), (256, 2.0), (64, 0.5)]
+    rows = [{"loop_seconds": t + 0.1, "step_seconds": t, "train_rows": n} for n, t in times]
+    s = spread(rows)
+    loops = np.array([t + 0.1 for _, t in times])
+    assert s["loop_cv"] == pytest.approx(loops.std() / loops.mean(), rel=4 * ops(7, "float64"))
+    # per row: (1.0, 1.2, 0.8, 1.0, 1.0, 1.0, 1.0) / 128: mean 1/128, sd sqrt(0.08 / 7) / 128
+    assert s["per_row_cv"] == pytest.approx(np.sqrt(0.08 / 7), rel=4 * ops(7, "float64"))
+    # 128 rows: sd sqrt(0.08 / 3), mean 1.0; 256 rows: cv 0; pooled by step count (3 and 3)
+    assert s["same_rows_cv"] == pytest.approx(np.sqrt(0.08 / 3) / 2, rel=4 * ops(7, "float64"))
+    assert s["same_rows_steps"] == 6
+    assert np.isnan(spread(rows[:1])["loop_cv"])
 
 
 @pytest.mark.extended  # a short run of 20 s whose rows the breakdown reads; the breakdown itself is tested above

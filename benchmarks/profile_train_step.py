@@ -11,7 +11,9 @@ With ``--rl`` the step is the RL loop's own (``scalerl_jax.train.rl.rl_loss`` wi
 loss and optimiser, ``make_train_step``, jitted, state donated) on a batch of the preset's shape: 256 rows of
 prompt + completion (32 + 36 = 68 tokens), the loss on the last 36 of each row, vocabulary ``--vocab`` (the small
 preset's BPE tokenizer has 512). It also prints the step's counted FLOPs (3 x forward over all B x T tokens,
-padding included) over the 1024^3 matmul rate measured in the same process: the step's ratio to its floor.
+padding included) over the 1024^3 matmul rate measured in the same process: the step's ratio to its floor. By
+default each group's prompt is computed once (``train.shared_prefix``, the trainer's default); ``--plain`` times
+every row running its own prompt, on the same tokens.
 
 The step is the one ``benchmarks/bench_train_step.py`` times (``cross_entropy_loss`` -> ``make_train_step`` with
 AdamW, jitted, state donated). Time shares come from the trace events of the XLA:CPU runtime (one per executed
@@ -105,8 +107,10 @@ def sft_step(model: str, batch: int, seq: int):
     return cfg, step, init_train_state(init_params(cfg, jax.random.key(0)), opt), data
 
 
-def rl_step(vocab: int):
-    """(config, jitted step, state, batch) of the ``small`` preset's RL train step on a batch of its shape."""
+def rl_step(vocab: int, shared: bool = True):
+    """(config, jitted step, state, batch) of the ``small`` preset's RL train step on a batch of its shape: every
+    prompt fills its 32 columns, so the plain rows and the split layout hold the same tokens; ``shared``: each
+    group's prompt computed once (``train.shared_prefix``), else every row's."""
     import jax
     from scalerl_jax.experiments.presets import small_plan
 
@@ -120,8 +124,9 @@ def rl_step(vocab: int):
     rows = exp.rollout.prompts_per_batch * exp.rollout.group_size
     prompt, new = exp.rollout.max_prompt_len, exp.rollout.max_new_tokens
     opt = make_optimizer(exp.train)
-    step = jax.jit(make_train_step(rl_loss(cfg, exp.loss, temperature=exp.rollout.temperature), opt,
-                                   exp.train.microbatches), donate_argnums=(0,))
+    layout = (prompt, exp.rollout.group_size) if shared else None
+    step = jax.jit(make_train_step(rl_loss(cfg, exp.loss, temperature=exp.rollout.temperature, shared_prefix=layout),
+                                   opt, exp.train.microbatches), donate_argnums=(0,))
     rng = np.random.default_rng(0)
     shape = (rows, prompt + new)
     mask = np.zeros(shape, np.float32)
@@ -130,16 +135,16 @@ def rl_step(vocab: int):
             "gen_logp": np.full(shape, -1.0, np.float32), "staleness": np.zeros(shape, np.int32),
             "advantages": rng.normal(size=rows).astype(np.float32), "rewards": rng.random(rows).astype(np.float32),
             "group_ids": (np.arange(rows) // exp.rollout.group_size).astype(np.int32),
-            "truncated": np.zeros(rows, np.float32)}
+            "truncated": np.zeros(rows, np.float32), "prompt_len": np.full(rows, prompt, np.int32)}
     return cfg, step, init_train_state(init_params(cfg, jax.random.key(0)), opt), data
 
 
 def profile(model: str, batch: int, seq: int, steps: int, top: int, rl: bool = False, vocab: int = 512,
-            trace: bool = True) -> None:
+            trace: bool = True, shared: bool = True) -> None:
     import jax
     from scalerl_jax.benchmarks import machine
 
-    cfg, step, state, data = rl_step(vocab) if rl else sft_step(model, batch, seq)
+    cfg, step, state, data = rl_step(vocab, shared) if rl else sft_step(model, batch, seq)
     t0 = time.perf_counter()
     meta, count, nbytes = hlo_stats(step.lower(state, data).compile().as_text())
     compile_s = time.perf_counter() - t0
@@ -158,7 +163,8 @@ def profile(model: str, batch: int, seq: int, steps: int, top: int, rl: bool = F
             timed.append(time.perf_counter() - t0)
         med = statistics.median(timed)
         print(machine.header(machine.describe(matmul=False)))
-        print(f"RL step (small, {b} x {t}, vocab {cfg.vocab_size}): compile {compile_s:.1f} s; median "
+        rows = "shared prefixes" if shared else "plain rows"
+        print(f"RL step (small, {b} x {t}, vocab {cfg.vocab_size}, {rows}): compile {compile_s:.1f} s; median "
               f"{med * 1e3:.0f} ms over {len(timed)} steps (min {min(timed) * 1e3:.0f}, max {max(timed) * 1e3:.0f}); "
               f"{flops / 1e9:.1f} GFLOP counted, {flops / med / 1e9:.1f} GFLOP/s against a 1024^3 matmul's "
               f"{rate / 1e9:.1f}: {med / (flops / rate):.2f}x the floor")
@@ -207,8 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rl", action="store_true", help="the small preset's RL train step (--model/--batch/--seq unused)")
     ap.add_argument("--vocab", type=int, default=512, help="with --rl: the vocabulary size")
     ap.add_argument("--no-trace", action="store_true", help="with --rl: only time the step, no trace")
+    ap.add_argument("--plain", action="store_true", help="with --rl: every row computes its own prompt "
+                    "(train.shared_prefix=False)")
     a = ap.parse_args(argv)
-    profile(a.model, a.batch, a.seq, a.steps, a.top, rl=a.rl, vocab=a.vocab, trace=not a.no_trace)
+    profile(a.model, a.batch, a.seq, a.steps, a.top, rl=a.rl, vocab=a.vocab, trace=not a.no_trace, shared=not a.plain)
 
 
 if __name__ == "__main__":

@@ -503,6 +503,9 @@ class TrainConfig:
     # the rows padded up to the next of this many equal steps of the full batch, one compiled step per size (the
     # loss is the full batch's up to float summation order)
     row_buckets: int = 8  # N: filtered groups left out, rows padded to the next N-th of the batch; 1: all rows
+    #: compute each group's prompt once in the train step (scalerl_jax/models/shared_prefix.py; the dense models at
+    #: rows within one attention chunk, else the plain rows); False: every row runs its own prompt
+    shared_prefix: bool = True
     eval_every: int = 100  # steps between validation evals
     eval_samples: int = 16  # samples per validation prompt
     checkpoint_every: int = 50  # steps between checkpoints

@@ -384,6 +384,21 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
 # ---- the two halves of a decoder layer ---------------------------------------------------------------
 
 
+def project_qkv(x_BTD, lp, cfg: ModelConfig):
+    """q [B, T, H, Dh], k and v [B, T, K, Dh] projected from ``rms_norm(x)`` (with Qwen2's biases and Qwen3's
+    per-head norms), before positions are applied."""
+    dt = dtype(cfg.dtype)
+    h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
+    q = proj(h, lp["wq"].astype(dt))
+    k = proj(h, lp["wk"].astype(dt))
+    v = proj(h, lp["wv"].astype(dt))
+    if cfg.qkv_bias:  # Qwen2
+        q, k, v = (a + lp[b].astype(dt)[None, None] for a, b in ((q, "bq"), (k, "bk"), (v, "bv")))
+    if cfg.head_qk_norm:  # Qwen3: each head of q and k RMS-normed (gain [Dh]) before RoPE
+        q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps), rms_norm(k, lp["k_norm"], cfg.rms_eps)
+    return q, k, v
+
+
 def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, layer=None, local=0):
     """Pre-norm attention with its residual: ``x + wo(attn(q, k, v))`` with q, k, v projected from
     ``rms_norm(x)`` and ``(q, k) = position(q, k)`` (RoPE, or what a NoPE layer does instead).
@@ -393,14 +408,7 @@ def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, l
     causal attention); ``local``: Llama 4's chunked attention. Returns (x, the updated cache or None)."""
     dt = dtype(cfg.dtype)
     with jax.named_scope("attention"):
-        h = rms_norm(x_BTD, lp["attn_norm"], cfg.rms_eps)
-        q = proj(h, lp["wq"].astype(dt))
-        k = proj(h, lp["wk"].astype(dt))
-        v = proj(h, lp["wv"].astype(dt))
-        if cfg.qkv_bias:  # Qwen2
-            q, k, v = (a + lp[b].astype(dt)[None, None] for a, b in ((q, "bq"), (k, "bk"), (v, "bv")))
-        if cfg.head_qk_norm:  # Qwen3: each head of q and k RMS-normed (gain [Dh]) before RoPE
-            q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps), rms_norm(k, lp["k_norm"], cfg.rms_eps)
+        q, k, v = project_qkv(x_BTD, lp, cfg)
         q, k = position(q, k)
         q = constrain(q, ("batch", "seq", "q_heads", "head_dim"))
         if cache is None:

@@ -37,6 +37,7 @@ from scalerl_jax import distributed as dist
 from scalerl_jax import sharding as shd
 from scalerl_jax.checkpoint import RunCheckpointer
 from scalerl_jax.config import ExperimentConfig
+from scalerl_jax.models import shared_prefix
 from scalerl_jax.models.hf_sharded import ReadStats
 from scalerl_jax.train.optim import make_optimizer
 from scalerl_jax.train.rl import rl_loss
@@ -62,7 +63,14 @@ class TrainerCore:
         self.mesh = shd.make_mesh(exp.mesh)
         self.optimizer = make_optimizer(self.tcfg)
         self.abstract_state, self.state_sh = state_shardings(self.mcfg, self.optimizer, self.mesh)
-        loss_fn = rl_loss(self.mcfg, exp.loss, temperature=exp.rollout.temperature)
+        # the split layout (each group's prompt computed once) where the model and the row length allow it
+        why_not = (shared_prefix.supported(self.mcfg, seq_len) if self.tcfg.shared_prefix
+                   else "train.shared_prefix=False")
+        prompt_cols = seq_len - exp.rollout.max_new_tokens
+        self.prefix_layout = None if why_not or prompt_cols < 1 else (prompt_cols, exp.rollout.group_size)
+        if self.tcfg.shared_prefix and why_not:
+            log(f"[rl] every row computes its own prompt in the train step: {why_not}")
+        loss_fn = rl_loss(self.mcfg, exp.loss, temperature=exp.rollout.temperature, shared_prefix=self.prefix_layout)
         step_fn = make_train_step(loss_fn, self.optimizer, self.tcfg.microbatches)
         dummy = build_train_batch([], [], version=0, loss_cfg=exp.loss, seq_len=seq_len, n_rows=self.n_rows,
                                   pad_id=pad_id)[0].as_dict()
@@ -111,6 +119,12 @@ class TrainerCore:
         agree = (lambda tag, err: dist.agree(f"restore/{tag}", err)) if self.multi else None
         step, self.state, extras = self.ckpt.restore_latest(abstract, steps=steps, agree=agree)
         return step, extras
+
+    def batch_layout(self) -> dict[str, int]:
+        """``build_train_batch``'s layout arguments for this trainer's loss (the split layout or the plain rows)."""
+        if self.prefix_layout is None:
+            return {}
+        return {"prompt_cols": self.prefix_layout[0], "group_size": self.prefix_layout[1]}
 
     def step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         """One train step on the leader's host batch; host metrics."""

@@ -12,6 +12,11 @@ A :class:`TrainBatch` row is one completion, prompt and completion tokens in one
     rewards     [B]    float32
     group_ids   [B]    int32    prompt group of the row, in [0, B)
     truncated   [B]    float32  1 if the completion never produced an answer
+    prompt_len  [B]    int32    the row's prompt tokens (0 on padding rows)
+
+In the *split* layout (``build_train_batch(prompt_cols=P)``, the loss's ``shared_prefix=(P, n)``) a row's prompt
+fills columns 0..prompt_len-1 and its completion starts at column P, whatever the prompt's length; the rows of
+a group are n consecutive rows, so the loss computes each group's prompt once (:mod:`scalerl_jax.models.shared_prefix`).
 
 The loss reports ``update_ok = False`` (the train step then leaves params and optimiser untouched) when
 any log-prob, advantage or reward on a used row is NaN/inf, or when no token survives filtering.
@@ -30,8 +35,10 @@ from scalerl_jax.losses import policy_loss
 from scalerl_jax.losses.logprobs import token_logprobs
 from scalerl_jax.models.model import forward_hidden, head_weight
 from scalerl_jax.models.moe import load_balancing_loss
+from scalerl_jax.models.shared_prefix import forward_shared, predicting_states
 
-BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated")
+BATCH_FIELDS = ("tokens", "loss_mask", "gen_logp", "staleness", "advantages", "rewards", "group_ids", "truncated",
+                "prompt_len")
 
 
 class TrainBatch(NamedTuple):
@@ -43,6 +50,7 @@ class TrainBatch(NamedTuple):
     rewards: np.ndarray
     group_ids: np.ndarray
     truncated: np.ndarray
+    prompt_len: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return self._asdict()
@@ -53,7 +61,8 @@ def abstract_batch(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
     bt, b = (batch, seq_len), (batch,)
     f32, i32 = jnp.float32, jnp.int32
     spec = {"tokens": (bt, i32), "loss_mask": (bt, f32), "gen_logp": (bt, f32), "staleness": (bt, i32),
-            "advantages": (b, f32), "rewards": (b, f32), "group_ids": (b, i32), "truncated": (b, f32)}
+            "advantages": (b, f32), "rewards": (b, f32), "group_ids": (b, i32), "truncated": (b, f32),
+            "prompt_len": (b, i32)}
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in spec.items()}
 
 
@@ -69,13 +78,40 @@ def router_metrics(stats: dict, n_experts: int) -> dict[str, jax.Array]:
     return out
 
 
-def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float = 1.0, logp_chunk: int = 512):
-    """``loss_fn(params, batch) -> (loss, metrics)`` for :func:`scalerl_jax.train.make_train_step`."""
+def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float = 1.0, logp_chunk: int = 512,
+            shared_prefix: tuple[int, int] | None = None):
+    """``loss_fn(params, batch) -> (loss, metrics)`` for :func:`scalerl_jax.train.make_train_step`.
+
+    ``shared_prefix=(P, n)``: the batch is in the split layout (prompts in columns < P, completions from column P,
+    groups of n consecutive rows) and each group's prompt is computed once; the loss and its gradient are the
+    plain layout's up to the order of float summation."""
+    head_kw = dict(chunk=logp_chunk, head_dtype=model_cfg.head_dtype, temperature=temperature,
+                   head_matmul_impl=model_cfg.head_matmul_impl)
+
+    def plain(params, batch):
+        """(logp, entropy, router stats) of tokens 1..T-1 of every row, and the column the arrays start at."""
+        tokens = batch["tokens"]
+        # The forward runs over all T tokens (the last position's output is unused, causality keeps the
+        # others exact) so the sequence stays a multiple of the attention / log-prob chunks: T - 1 would
+        # force padding copies of every block input.
+        h, router = forward_hidden(params, tokens, model_cfg, return_aux=True)
+        targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+        logp, ent = token_logprobs(h, head_weight(params, model_cfg), targets, **head_kw)
+        return logp[:, :-1], ent[:, :-1], router, 1
+
+    def shared(params, batch):
+        """(logp, entropy, None) of the completion tokens (columns P..T-1) and P."""
+        P, n = shared_prefix
+        tokens, plen = batch["tokens"], batch["prompt_len"][::n]
+        h_p, h_c = forward_shared(params, tokens[::n, :P], plen, tokens[:, P:], model_cfg)
+        logp, ent = token_logprobs(predicting_states(h_p, h_c, plen), head_weight(params, model_cfg),
+                                   tokens[:, P:], **head_kw)
+        return logp, ent, None, P
 
     def loss_fn(params, batch):
-        tokens = batch["tokens"]
-        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-        gen = batch["gen_logp"][:, 1:]
+        logp, ent, router, first = (shared if shared_prefix else plain)(params, batch)
+        mask = batch["loss_mask"][:, first:].astype(jnp.float32)
+        gen = batch["gen_logp"][:, first:]
         used_row = mask.sum(-1) > 0
         finite = (
             jnp.all(jnp.isfinite(gen) | (mask == 0))
@@ -85,19 +121,9 @@ def rl_loss(model_cfg: ModelConfig, loss_cfg: LossConfig, *, temperature: float 
         # sanitise so non-finite inputs cannot leak NaN into the graph; the step is skipped anyway
         gen = jnp.where(jnp.isfinite(gen) & (mask > 0), gen, 0.0)
         adv = jnp.where(jnp.isfinite(batch["advantages"]), batch["advantages"], 0.0)
-        # The forward runs over all T tokens (the last position's output is unused, causality keeps the
-        # others exact) so the sequence stays a multiple of the attention / log-prob chunks: T - 1 would
-        # force padding copies of every block input.
-        h, router = forward_hidden(params, tokens, model_cfg, return_aux=True)
-        targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-        logp, ent = token_logprobs(
-            h, head_weight(params, model_cfg), targets, chunk=logp_chunk,
-            head_dtype=model_cfg.head_dtype, temperature=temperature, head_matmul_impl=model_cfg.head_matmul_impl,
-        )
-        logp, ent = logp[:, :-1], ent[:, :-1]
         loss, m = policy_loss(logp, gen, adv, mask, batch["group_ids"], loss_cfg)
         n_tok = jnp.maximum(mask.sum(), 1.0)
-        stale = batch["staleness"][:, 1:].astype(jnp.float32)
+        stale = batch["staleness"][:, first:].astype(jnp.float32)
         metrics = dict(m)
         metrics.update(
             entropy=jax.lax.stop_gradient((ent * mask).sum() / n_tok),

@@ -51,7 +51,7 @@ def bucket_quantum(n_rows: int, buckets: int, multiple: int) -> int:
 def build_train_batch(
     groups: Sequence[Sequence[Completion]], rewards: Sequence[np.ndarray], *, version: int, loss_cfg: LossConfig,
     seq_len: int, n_rows: int, pad_id: int, microbatches: int = 1, row_quantum: int = 0,
-    row_sizes: Sequence[int] | None = None,
+    row_sizes: Sequence[int] | None = None, prompt_cols: int = 0, group_size: int = 0,
 ) -> tuple[TrainBatch, BatchStats]:
     """Assemble one training batch from ``groups`` (G completions of one prompt each) and their rewards.
 
@@ -67,6 +67,8 @@ def build_train_batch(
     completion either way (batch normalisation's std includes the zero-variance groups). ``row_sizes``: the row
     counts the batch may take (those the train step has compiled); the smallest of them (or ``n_rows``) that holds
     the compacted rows is used, and ``stats.rows_wanted`` says what the quantum alone would give.
+    ``prompt_cols > 0`` writes the split layout (scalerl_jax/train/rl.py): completions start at that column, every
+    group has exactly ``group_size`` rows (checked), and every prompt fits ``prompt_cols`` (checked).
     """
     rows = [c for g in groups for c in g]
     if len(rows) > n_rows:
@@ -95,6 +97,16 @@ def build_train_batch(
         chosen, B = list(range(len(groups))), n_rows
         wanted = B
     T = seq_len
+    if prompt_cols:
+        if not 0 < prompt_cols < T or group_size < 1:
+            raise ValueError(f"the split layout needs 0 < prompt_cols < seq_len ({prompt_cols}, {T}) and group_size "
+                             f">= 1 ({group_size})")
+        for g in chosen:
+            if len(groups[g]) != group_size:
+                raise ValueError(f"group {g} has {len(groups[g])} completions, the split layout needs {group_size}")
+            longest = max((len(c.prompt_ids) for c in groups[g]), default=0)
+            if longest > prompt_cols:
+                raise ValueError(f"group {g}: a prompt of {longest} tokens does not fit prompt_cols={prompt_cols}")
     per_micro = B // microbatches
     tokens = np.full((B, T), pad_id, np.int32)
     mask = np.zeros((B, T), np.float32)
@@ -105,10 +117,11 @@ def build_train_batch(
     keep = np.zeros(B, bool)
     truncated = np.zeros(B, np.float32)
     gid = np.zeros(B, np.int32)
+    plen = np.zeros(B, np.int32)
     min_version, max_staleness = version, 0
     for g in range(len(groups)):  # every group's versions count towards the batch's staleness
         for c in groups[g]:
-            n_c = max(0, min(len(c.token_ids), T - len(c.prompt_ids)))
+            n_c = max(0, min(len(c.token_ids), T - (prompt_cols or len(c.prompt_ids))))
             inj = np.asarray(c.injected[:n_c], bool)
             vers = np.asarray(c.versions[:n_c], np.int64)
             if n_c and (~inj).any():
@@ -122,10 +135,11 @@ def build_train_batch(
         for i, c in enumerate(group):
             src = starts[g] + i
             p, comp = list(c.prompt_ids), list(c.token_ids)
-            seq = (p + comp)[:T]
-            tokens[r, : len(seq)] = seq
-            n_c = max(0, min(len(comp), T - len(p)))
-            lo = len(p)
+            lo = prompt_cols or len(p)  # the completion's first column
+            n_c = max(0, min(len(comp), T - lo))
+            tokens[r, : min(len(p), T)] = p[:T]
+            tokens[r, lo : lo + n_c] = comp[:n_c]
+            plen[r] = len(p)
             inj = np.asarray(c.injected[:n_c], bool)
             mask[r, lo : lo + n_c] = (~inj).astype(np.float32)
             gen_logp[r, lo : lo + n_c] = np.asarray(c.logprobs[:n_c], np.float32)
@@ -152,7 +166,7 @@ def build_train_batch(
         max_staleness=max_staleness, n_tokens=int(mask.sum()), rows_wanted=wanted,
     )
     batch = TrainBatch(tokens=tokens, loss_mask=mask, gen_logp=gen_logp, staleness=staleness, advantages=adv,
-                       rewards=rew, group_ids=gid, truncated=truncated)
+                       rewards=rew, group_ids=gid, truncated=truncated, prompt_len=plen)
     return batch, stats
 
 

@@ -241,7 +241,8 @@ class RLTrainer:
         batch, stats = build_train_batch(rb.groups, rb.rewards, version=self.version, loss_cfg=self.exp.loss,
                                          seq_len=self.seq_len, n_rows=self.n_rows, pad_id=self.pad_id,
                                          microbatches=self.tcfg.microbatches, row_quantum=self.core.row_quantum,
-                                         row_sizes=[n for n, s in self.size_from.items() if s <= step])
+                                         row_sizes=[n for n, s in self.size_from.items() if s <= step],
+                                         **self.core.batch_layout())
         if stats.rows_wanted < self.n_rows and stats.rows_wanted not in self.size_from:
             # a new size: compiled beside the loop, used from ROW_SIZE_LEAD steps on (until then such batches are
             # padded to a size in use). Which size a step uses depends on the run alone, never on how fast the

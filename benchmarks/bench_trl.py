@@ -15,8 +15,8 @@ temperature 1, CISPO, the preset's learning rate, math-verify rewards on the ``\
   step from a callback at every optimizer step (generation, scoring and the update: TRL runs them in turn).
 
 The first ``--skip`` steps of each side (compilation, warm-up) are left out of the means. TRL is a test-only
-dependency, not in the requirements: ``pip install trl==1.16.0`` first (it brings accelerate, datasets, pandas,
-pyarrow).
+dependency, not in the requirements: ``pip install trl==1.16.0 datasets==4.4.1`` first (it brings accelerate, pandas,
+pyarrow; datasets 5.2.0 could not fingerprint a dataset beside pyarrow here: "Can't pickle <class 'MonthDayNano'>").
 
     .venv/bin/python -m benchmarks.bench_trl      # 10 steps per side; TRL at 1 and 2 threads, huge pages off and on
     .venv/bin/python -m benchmarks.bench_trl --steps 6 --torch-threads 1 --json trl.json
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import trl  # noqa: F401
     except ImportError:
-        ap.error("TRL is not installed: pip install trl==1.16.0 (a test-only dependency)")
+        ap.error("TRL is not installed: pip install trl==1.16.0 datasets==4.4.1 (a test-only dependency)")
 
     from scalerl_jax.benchmarks.bench_loop import breakdown, cv, run_preset, spread_line
     from scalerl_jax.experiments.presets import small_plan

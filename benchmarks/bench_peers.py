@@ -24,14 +24,14 @@ whether generation overlaps training, whether groups whose 8 rewards are all equ
 policy loss. TRL and Tunix are not project dependencies: install each into its own directory, without their
 dependencies (jax, optax, orbax, transformers and torch come from .venv; nothing may bring another jax):
 
-    .venv/bin/python -m pip install --target /tmp/trl/site --no-deps trl==1.16.0 accelerate==1.16.0 \\
+    .venv/bin/python -m pip install --target runs/peers/trl --no-deps trl==1.16.0 accelerate==1.16.0 \\
         datasets==4.4.1 dill==0.4.1 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1
-    .venv/bin/python -m pip install --target /tmp/tunix/site --no-deps google-tunix==0.1.7 flax==0.12.8 \\
+    .venv/bin/python -m pip install --target runs/peers/tunix --no-deps google-tunix==0.1.7 flax==0.12.8 \\
         qwix==0.1.8 google-metrax==0.2.4 clu==0.0.12 jaxtyping==0.3.11 wadler-lindig==0.1.8 omegaconf==2.4.0 \\
         treescope==0.1.10 ml-collections==1.1.0 wrapt==2.5.2 sentencepiece==0.2.3 perfetto==0.59.1 pandas==3.1.1
 
     .venv/bin/python -m benchmarks.bench_peers                      # 20 steps per side, means over steps 5..20
-    .venv/bin/python -m benchmarks.bench_peers --steps 3 --skip 1 --sides tunix --out /tmp/runs --json peers.json
+    .venv/bin/python -m benchmarks.bench_peers --steps 3 --skip 1 --sides tunix --out runs/peers_trial --json peers.json
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from scalerl_jax.benchmarks.bench_trl import NO_EVALS, OURS_SETS, ROOT, run_trl
 
 PIP = ".venv/bin/python -m pip install --no-deps --target"
 INSTALL = {  # as in the docstring
-    "trl": f"{PIP} /tmp/trl/site trl==1.16.0 accelerate==1.16.0 datasets==4.4.1 dill==0.4.1 multiprocess==0.70.19 "
+    "trl": f"{PIP} runs/peers/trl trl==1.16.0 accelerate==1.16.0 datasets==4.4.1 dill==0.4.1 multiprocess==0.70.19 "
            "pandas==3.1.1 pyarrow==26.0.1",
-    "tunix": f"{PIP} /tmp/tunix/site google-tunix==0.1.7 flax==0.12.8 qwix==0.1.8 google-metrax==0.2.4 clu==0.0.12 "
+    "tunix": f"{PIP} runs/peers/tunix google-tunix==0.1.7 flax==0.12.8 qwix==0.1.8 google-metrax==0.2.4 clu==0.0.12 "
              "jaxtyping==0.3.11 wadler-lindig==0.1.8 omegaconf==2.4.0 treescope==0.1.10 ml-collections==1.1.0 "
              "wrapt==2.5.2 sentencepiece==0.2.3 perfetto==0.59.1 pandas==3.1.1"}
 PROBE = {"trl": "import trl; print(trl.__version__)",
@@ -162,7 +162,7 @@ def _tunix_child(a: argparse.Namespace) -> None:
 
 def _site_env(site: str) -> dict[str, str]:
     return {**os.environ, "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false",
-            **({"PYTHONPATH": site} if site else {})}
+            **({"PYTHONPATH": str(Path(site).resolve())} if site else {})}
 
 
 def run_tunix(a: argparse.Namespace, model: Path, data: Path, template: str, lr: float) -> tuple[list[float], dict]:
@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sides", nargs="+", choices=["ours", "trl", "tunix"], default=["ours", "trl", "tunix"])
     ap.add_argument("--out", default="runs/bench_peers", help="run directories and the shared warm start")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
-    ap.add_argument("--trl-site", default="/tmp/trl/site", help="TRL's --target directory ('': the environment's)")
-    ap.add_argument("--tunix-site", default="/tmp/tunix/site", help="Tunix's --target directory ('': the env's)")
+    ap.add_argument("--trl-site", default="runs/peers/trl", help="TRL's --target directory ('': the environment's)")
+    ap.add_argument("--tunix-site", default="runs/peers/tunix", help="Tunix's --target directory ('': the env's)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL run")
     ap.add_argument("--trl-hugepages", choices=["off", "on"], default="off", help="glibc huge pages for TRL")
     ap.add_argument("--tunix-xla-flags", default="", help="added to XLA_FLAGS of the Tunix run (default: XLA's own "
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{a.trl_hugepages}, {a.steps} steps", flush=True)
         saved = os.environ.get("PYTHONPATH")
         if a.trl_site:
-            os.environ["PYTHONPATH"] = a.trl_site  # run_trl's child inherits this environment
+            os.environ["PYTHONPATH"] = str(Path(a.trl_site).resolve())  # run_trl's child inherits this environment
         try:
             steps = run_trl(a, warm, data, exp.data.template, a.trl_threads, exp.train.lr, exp.loss.eps_max, hp)
         finally:

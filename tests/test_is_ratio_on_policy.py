@@ -38,6 +38,23 @@ def _compile_cache():
         jax.config.update(k, v)
 
 
+def _plain_rows(batch: dict, layout) -> dict:
+    """The trainer's batch as plain rows (each completion right after its prompt), whatever layout the trainer wrote
+    (``TrainerCore.prefix_layout``: (P, n) when completions start at column P, scalerl_jax/train/rl.py), so that the
+    recomputations here read every row as one causal sequence."""
+    if layout is None:
+        return batch
+    P = layout[0]
+    out = {k: np.array(v) for k, v in batch.items()}
+    for r, plen in enumerate(np.asarray(batch["prompt_len"])):
+        for k in ("tokens", "loss_mask", "gen_logp", "staleness"):
+            row = np.zeros_like(out[k][r])
+            row[:plen] = batch[k][r][:plen]
+            row[plen : plen + row.size - P] = batch[k][r][P:]
+            out[k][r] = row
+    return out
+
+
 def _log_ratios(params, cfg, batch: dict) -> np.ndarray:
     """log pi_train(token t) - gen_logp[t] on the loss-masked positions, recomputed here: position t - 1's
     hidden state predicts token t."""
@@ -63,7 +80,8 @@ def test_first_on_policy_step_has_unit_importance_ratios(tmp_path):
     seen = []
 
     def on_batch(step, rb, batch, stats):  # before the update: the params are the ones that generated the batch
-        seen.append((step, batch.as_dict(), jax.device_get(trainer.state.params), rb))
+        seen.append((step, _plain_rows(batch.as_dict(), trainer.core.prefix_layout),
+                     jax.device_get(trainer.state.params), rb))
 
     trainer, _ = build_trainer(tmp_path, exp, params=params, on_batch=on_batch)
     try:
@@ -110,7 +128,7 @@ def test_bf16_generators_show_their_mismatch_in_the_logged_statistics(tmp_path):
     seen = []
 
     def on_batch(step, rb, batch, stats):
-        seen.append((batch.as_dict(), jax.device_get(trainer.state.params)))
+        seen.append((_plain_rows(batch.as_dict(), trainer.core.prefix_layout), jax.device_get(trainer.state.params)))
 
     trainer, engine = build_trainer(tmp_path, exp, params=params, on_batch=on_batch)
     try:

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from scalerl_jax.benchmarks import machine
-from scalerl_jax.benchmarks.bench_trl import NO_EVALS, OURS_SETS, ROOT, run_trl
+from scalerl_jax.benchmarks.bench_trl import NO_EVALS, OURS_SETS, ROOT, hidden_flags, run_trl
 
 PIP = ".venv/bin/python -m pip install --no-deps --target"
 INSTALL = {  # as in the docstring
@@ -197,9 +197,8 @@ def main(argv: list[str] | None = None) -> None:
                     "threads, as ours), e.g. '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'")
     # the Tunix child process's own flags
     ap.add_argument("--tunix-child", action="store_true", help=argparse.SUPPRESS)
-    for flag, kind in (("--model", str), ("--data", str), ("--template", str), ("--prompts", int), ("--group", int),
-                       ("--max-new", int), ("--max-prompt", int), ("--lr", float)):
-        ap.add_argument(flag, type=kind, default=0 if kind is not str else "", help=argparse.SUPPRESS)
+    hidden_flags(ap, (("--model", str), ("--data", str), ("--template", str), ("--prompts", int), ("--group", int),
+                      ("--max-new", int), ("--max-prompt", int), ("--lr", float)))
     a = ap.parse_args(argv)
     if a.tunix_child:
         return _tunix_child(a)

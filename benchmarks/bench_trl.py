@@ -115,6 +115,12 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, template: str, threa
     return json.loads(line.split(" ", 1)[1])
 
 
+def hidden_flags(ap: argparse.ArgumentParser, flags) -> None:
+    """A child process's own flags, ``(name, type)`` pairs, kept out of ``--help`` (0 or "" when not given)."""
+    for flag, kind in flags:
+        ap.add_argument(flag, type=kind, default=0 if kind is not str else "", help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10, help="RL steps per side")
@@ -126,10 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
     # the TRL child process's own flags
     ap.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
-    for flag, kind in (("--model", str), ("--data", str), ("--template", str), ("--threads", int),
-                       ("--prompts", int), ("--group", int), ("--max-new", int), ("--lr", float),
-                       ("--eps-max", float), ("--trl-out", str), ("--seed", int)):
-        ap.add_argument(flag, type=kind, default=0 if kind is not str else "", help=argparse.SUPPRESS)
+    hidden_flags(ap, (("--model", str), ("--data", str), ("--template", str), ("--threads", int), ("--prompts", int),
+                      ("--group", int), ("--max-new", int), ("--lr", float), ("--eps-max", float), ("--trl-out", str),
+                      ("--seed", int)))
     a = ap.parse_args(argv)
     if a.trl_child:
         return _trl_child(a)

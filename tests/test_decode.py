@@ -56,9 +56,11 @@ def test_stop_while_thinking_and_max_new_tokens():
 
 
 def test_scatter_rows_writes_slots_and_drops_padding():
-    cache = {n: jnp.zeros((1, 3, 1, 4, 2)) for n in ("k", "v")}  # [L, B, K, S, Dh]
-    new = {n: jnp.arange(2 * 2 * 2, dtype=jnp.float32).reshape(1, 2, 1, 2, 2) + 1 for n in ("k", "v")}
+    cache = tuple({n: jnp.zeros((3, 1, 4, 2)) for n in ("k", "v")} for _ in range(2))  # per layer [B, K, S, Dh]
+    new = tuple({n: jnp.arange(8, dtype=jnp.float32).reshape(2, 1, 2, 2) + 1 + 100 * i for n in ("k", "v")}
+                for i in range(2))
     out = _scatter_rows(cache, new, jnp.asarray([2, 3]))  # slot 3 >= B: bucket padding, dropped
-    k = np.asarray(out["k"])
-    np.testing.assert_array_equal(k[0, 2, 0, :2], np.asarray(new["k"])[0, 0, 0])
-    assert not k[0, :2].any() and not k[0, 2, 0, 2:].any()
+    for i in range(2):  # each layer's rows land in its own buffer
+        k = np.asarray(out[i]["k"])
+        np.testing.assert_array_equal(k[2, 0, :2], np.asarray(new[i]["k"])[0, 0])
+        assert not k[:2].any() and not k[2, 0, 2:].any()

@@ -140,7 +140,7 @@ def test_traced_flag_off_is_global_attention(interp):
 def _cfg_cache(impl: str, S: int, dtype="float32"):
     cfg = dataclasses.replace(tiny_moe(), n_heads=4, n_kv_heads=2, head_dim=16, attention_impl=impl, dtype=dtype,
                               local_attn_chunk=16)
-    return cfg, init_cache(cfg, batch=3, max_len=S)
+    return cfg, init_cache(cfg, batch=3, max_len=S)[1]  # one layer's cache
 
 
 @EXTENDED
@@ -157,7 +157,7 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
     q = jax.random.normal(ks[2], (3, 1, 4, 16), jnp.float32).astype(dt)
     k_new = jax.random.normal(ks[3], (3, 1, 2, 16), jnp.float32).astype(dt)
     v_new = jax.random.normal(ks[4], (3, 1, 2, 16), jnp.float32).astype(dt)
-    outs = [cached_attention(q, k_new, v_new, pos, cache, 1, cfg, local) for cfg in (ref_cfg, ker_cfg)]
+    outs = [cached_attention(q, k_new, v_new, pos, cache, cfg, local) for cfg in (ref_cfg, ker_cfg)]
     (o_ref, c_ref), (o_ker, c_ker) = outs
     # tests/tolerances.py: float32, two orderings of attention over S cache slots; bfloat16, a few times the
     # reference's own error against the same step in float32 (the same values, exactly representable)
@@ -166,7 +166,7 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
     else:
         f32_cfg, _ = _cfg_cache("reference", S, "float32")
         up = lambda x: x.astype(jnp.float32)  # noqa: E731
-        o_f32, _ = cached_attention(up(q), up(k_new), up(v_new), pos, {n: up(c) for n, c in cache.items()}, 1, f32_cfg,
+        o_f32, _ = cached_attention(up(q), up(k_new), up(v_new), pos, {n: up(c) for n, c in cache.items()}, f32_cfg,
                                     local)
         tol = own_error_tol(np.asarray(o_ref, np.float32), o_f32)
     assert max_rel(np.asarray(o_ker, np.float32), np.asarray(o_ref, np.float32)) <= tol
@@ -174,8 +174,8 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
         np.testing.assert_array_equal(np.asarray(c_ker[n], np.float32), np.asarray(c_ref[n], np.float32))
     if not local:
         return
-    # traced flag (what the Scout scan passes)
-    o_tr = jax.jit(lambda f: pallas_decode(q.reshape(3, 2, 2, 16), c_ref["k"][1].astype(dt), c_ref["v"][1].astype(dt),
+    # a traced flag (what a layer scan over mixed layers would pass)
+    o_tr = jax.jit(lambda f: pallas_decode(q.reshape(3, 2, 2, 16), c_ref["k"].astype(dt), c_ref["v"].astype(dt),
                                            pos[:, 0], f, chunk=16, interpret=interp))(jnp.int32(local))
     assert max_rel(np.asarray(o_tr, np.float32).reshape(o_ref.shape), np.asarray(o_ref, np.float32)) <= tol
 
@@ -183,7 +183,7 @@ def test_pallas_decode_equals_reference_decode(S, local, dtype, interp):
 @EXTENDED
 def test_model_decode_with_pallas_equals_reference():
     """The model's KV-cached path (prefill on the reference, then T = 1 decode steps through the Pallas decode
-    kernel) in a Llama-4 layer scan whose chunk flag is traced: hidden states equal the reference model's, and the
+    kernel) in a Llama-4 model with a chunked-local and a NoPE layer: hidden states equal the reference model's, and the
     decode steps cross a local-chunk boundary (positions 7, 8, 9 with 8-position chunks)."""
     ref_cfg = dataclasses.replace(tiny_moe(), n_layers=2, moe_every=1, nope_every=2, local_attn_chunk=8)
     ker_cfg = dataclasses.replace(ref_cfg, attention_impl="pallas")
@@ -276,7 +276,7 @@ def test_gpu_kernels_are_refused_on_cpu():
         forward_hidden(params, tokens, cfg)
     with pytest.raises(ValueError, match=r"attention_impl='cudnn' needs a CUDA GPU.*'cpu'"):  # and in decoding
         cached_attention(*_qkv(1, 1, 4, 4, 32, jnp.bfloat16), jnp.zeros((1, 1), jnp.int32),
-                         init_cache(cfg, 1, 16), 0, cfg)
+                         init_cache(cfg, 1, 16)[0], cfg)
     with pytest.raises(ValueError, match="cannot compile"):
         check_impl("pallas", interpret=False)
 

@@ -203,5 +203,6 @@ def test_decode_one_token_at_a_time_equals_the_full_forward(make):
     # two float32 orderings of the model (tests/tolerances.py), relative to the largest logit
     assert max_rel(np.concatenate(got, axis=1), full) <= model_rel(cfg, T)
     # the cache holds each position's keys in its slot: slot t of layer 0 is nonzero exactly for t < T
-    filled = np.abs(np.asarray(cache["k"][0])).sum(axis=(1, 3)) > 0  # [B, S]
+    assert len(cache) == cfg.n_layers
+    filled = np.abs(np.asarray(cache[0]["k"])).sum(axis=(1, 3)) > 0  # [B, S]
     assert filled[:, :T].all() and not filled[:, T:].any()

@@ -7,8 +7,10 @@ Dimension legend (shape suffixes on array names):
     B batch, T time (query positions), S cache slots / key positions, D model width, H query heads,
     K kv heads, G query heads per kv head (H = K * G), Dh head dim, F ffn width, V vocab, L layers.
 
-KV cache: ``{"k", "v"}: [L, B, K, S, Dh]`` (slot = position). Keys and values of one layer are written in place
-and read as ``[B, K, S, Dh]``, so a single-token decode step is a plain batched matmul over (B, K).
+KV cache: one ``{"k", "v"}: [B, K, S, Dh]`` per layer (slot = position), a tuple of L. Each layer's keys and values
+are a buffer of their own, written in place and read as they are, so a single-token decode step is a plain batched
+matmul over (B, K) with no per-layer slice to copy out of a stacked [L, ...] array (that copy cost a third of a CPU
+decode step on the ``small`` shape).
 
 Depends on :mod:`scalerl_jax.config` and :mod:`scalerl_jax.sharding` only, and on the top-level :mod:`kernels`
 package (imported inside the functions that need it) when ``attention_impl`` is not ``"reference"``.
@@ -336,10 +338,10 @@ def attention(q_BTHD, k_BSKD, v_BSKD, qpos_BT, kpos_BS, chunk: int, local=0, imp
     return o.reshape(B, T, H, Dh)
 
 
-def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelConfig, local=0):
-    """Attention of layer ``layer`` over a KV cache ``{"k", "v"}: [L, B, K, S, Dh]``: the new keys and values are
-    written at slot = position first (in place), then the queries attend over every slot <= their position.
-    Returns (output [B, T, H, Dh], the updated cache).
+def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, cfg: ModelConfig, local=0):
+    """Attention over one layer's KV cache ``{"k", "v"}: [B, K, S, Dh]``: the new keys and values are written at
+    slot = position first (in place), then the queries attend over every slot <= their position.
+    Returns (output [B, T, H, Dh], the layer's updated cache).
 
     A single query per row (decode) takes one dense softmax over the slots in the cache's own layout, or with
     ``attention_impl="pallas"`` the library Pallas decode kernel (:func:`scalerl_jax.kernels.attention.pallas_decode`);
@@ -358,10 +360,10 @@ def cached_attention(q_BTHD, k_BTKD, v_BTKD, pos_BT, cache, layer, cfg: ModelCon
     k_idx = jnp.arange(K)[None, :, None]
     p_idx = pos_BT[:, None, :]
     cache = {
-        n: cache[n].at[layer, b_idx, k_idx, p_idx].set(jnp.swapaxes(new, 1, 2).astype(cache[n].dtype))
+        n: cache[n].at[b_idx, k_idx, p_idx].set(jnp.swapaxes(new, 1, 2).astype(cache[n].dtype))
         for n, new in (("k", k_BTKD), ("v", v_BTKD))
     }
-    ck_BKSD, cv_BKSD = cache["k"][layer].astype(dt), cache["v"][layer].astype(dt)
+    ck_BKSD, cv_BKSD = cache["k"].astype(dt), cache["v"].astype(dt)
     S = ck_BKSD.shape[2]
     slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
     if T == 1 and cfg.attention_impl == "pallas":
@@ -399,12 +401,12 @@ def project_qkv(x_BTD, lp, cfg: ModelConfig):
     return q, k, v
 
 
-def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, layer=None, local=0):
+def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, local=0):
     """Pre-norm attention with its residual: ``x + wo(attn(q, k, v))`` with q, k, v projected from
     ``rms_norm(x)`` and ``(q, k) = position(q, k)`` (RoPE, or what a NoPE layer does instead).
 
     ``lp``: attn_norm, wq, wk, wv, wo (and Qwen2's biases bq, bk, bv, Qwen3's per-head gains q_norm, k_norm);
-    ``cache``/``layer``: the KV cache to write into and attend over (None: plain
+    ``cache``: this layer's KV cache ``{"k", "v"}: [B, K, S, Dh]`` to write into and attend over (None: plain
     causal attention); ``local``: Llama 4's chunked attention. Returns (x, the updated cache or None)."""
     dt = dtype(cfg.dtype)
     with jax.named_scope("attention"):
@@ -414,7 +416,7 @@ def attention_block(x_BTD, lp, pos_BT, position, cfg: ModelConfig, cache=None, l
         if cache is None:
             o = attention(q, k, v, pos_BT, pos_BT, cfg.attn_chunk, local, cfg.attention_impl, cfg.local_attn_chunk)
         else:
-            o, cache = cached_attention(q, k, v, pos_BT, cache, layer, cfg, local)
+            o, cache = cached_attention(q, k, v, pos_BT, cache, cfg, local)
         x_BTD = x_BTD + proj(o, lp["wo"].astype(dt), n_in=2)
     return constrain(x_BTD, ("batch", "seq", "act_embed")), cache
 

@@ -32,7 +32,7 @@ def param_specs(cfg: ModelConfig) -> Params:
     return specs
 
 
-def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, cache=None, layer=None):
+def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, cache=None):
     # The RoPE tables depend on the positions only: XLA hoists them out of the layer loop.
     rope = nn.rope_tables(pos_BT, nn.rope_inv_freq(cfg))
 
@@ -40,7 +40,7 @@ def _layer(x_BTD, lp, pos_BT, cfg: ModelConfig, cache=None, layer=None):
         return nn.apply_rope(q, *rope), nn.apply_rope(k, *rope)
 
     with jax.named_scope("layer"):
-        x_BTD, cache = nn.attention_block(x_BTD, lp, pos_BT, position, cfg, cache, layer)
+        x_BTD, cache = nn.attention_block(x_BTD, lp, pos_BT, position, cfg, cache)
         return nn.ffn_block(x_BTD, lp["mlp_norm"], lp, cfg), cache
 
 
@@ -69,14 +69,12 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
 
 
 def forward_cached(params: Params, tokens_BT: jax.Array, positions_BT: jax.Array, cache, cfg: ModelConfig):
-    """KV-cached pass (contract: :func:`scalerl_jax.models.model.forward_cached`). The cache travels in the
-    layer scan's carry, so each layer's keys and values are written in place."""
-
-    def body(carry, xs):
-        x, cache = carry
-        lp, i = xs
-        return _layer(x, lp, positions_BT, cfg, cache, i), None
-
-    x0 = nn.embed(params["embed"], tokens_BT, cfg)
-    (x, cache), _ = jax.lax.scan(body, (x0, cache), (params["layers"], jnp.arange(cfg.n_layers)))
-    return nn.rms_norm(x, params["final_norm"], cfg.rms_eps), cache
+    """KV-cached pass (contract: :func:`scalerl_jax.models.model.forward_cached`). The layers run unrolled, each
+    on its own cache buffers (written in place): a rolled scan would carry one stacked [L, ...] cache and copy
+    each layer's slice out of it at every step."""
+    x = nn.embed(params["embed"], tokens_BT, cfg)
+    out = []
+    for i in range(cfg.n_layers):
+        x, c = _layer(x, jax.tree.map(lambda a, i=i: a[i], params["layers"]), positions_BT, cfg, cache[i])
+        out.append(c)
+    return nn.rms_norm(x, params["final_norm"], cfg.rms_eps), tuple(out)

@@ -19,7 +19,8 @@ the SwiGLU weights of the dense layers stacked on their own count; ``moe`` the r
 
 Depth is a ``lax.scan``. When every layer is MoE (Scout) it scans the L layers with the RoPE / NoPE choice as a
 traced per-layer flag. With dense layers interleaved, the pattern repeats with a period ``P`` and the scan runs
-over L / P blocks of P layers whose flags are static.
+over L / P blocks of P layers whose flags are static. The KV-cached pass (decode, prefill) runs its layers
+unrolled instead, every flag static, each layer on its own cache buffers.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _position_qk(q, k, pos_BT, rope_tables, cfg: ModelConfig, rope: bool):
     return q, k
 
 
-def _layer(x, lp, fp, pos, cache=None, layer=None, *, cfg: ModelConfig, rope, is_moe: bool):
+def _layer(x, lp, fp, pos, cache=None, *, cfg: ModelConfig, rope, is_moe: bool):
     """One decoder layer; ``rope`` is a static bool or a traced per-layer flag (one scan over every layer: both
     position variants are computed and selected). Returns (x, the updated cache or None, router stats or None)."""
     rope_tables = nn.rope_tables(pos, nn.rope_inv_freq(cfg))  # positions only: hoisted out of the layer loop
@@ -102,7 +103,7 @@ def _layer(x, lp, fp, pos, cache=None, layer=None, *, cfg: ModelConfig, rope, is
 
         local = jnp.where(rope, cfg.local_attn_chunk or 0, 0).astype(jnp.int32)
     with jax.named_scope("layer"):
-        x, cache = nn.attention_block(x, lp, pos, position, cfg, cache, layer, local)
+        x, cache = nn.attention_block(x, lp, pos, position, cfg, cache, local)
         if not is_moe:
             return nn.ffn_block(x, lp["mlp_norm"], fp, cfg), cache, None
         with jax.named_scope("moe"):
@@ -114,7 +115,7 @@ def _blocked(tree, nb: int):
     return jax.tree.map(lambda a: a.reshape(nb, a.shape[0] // nb, *a.shape[1:]), tree)
 
 
-def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
+def _run_uniform(params: Params, x, pos, cfg: ModelConfig):
     """Every layer MoE (Scout): one scan over the L layers with the RoPE / NoPE choice as a traced per-layer
     flag. Both attention variants are computed and selected (cheap next to the layer), but the parameters and
     their gradients stay in the stacked [L, ...] layout: the blocked scan made XLA keep per-position gradient
@@ -122,44 +123,39 @@ def _run_uniform(params: Params, x, pos, cfg: ModelConfig, cache=None):
     ropes = [cfg.uses_rope(i) for i in range(cfg.n_layers)]
     static_rope = ropes[0] if len(set(ropes)) == 1 else None
 
-    def layer(x, lp, fp, pos, cache, i, rope):
-        return _layer(x, lp, fp, pos, cache, i, cfg=cfg,
-                      rope=static_rope if static_rope is not None else rope, is_moe=True)
+    def layer(x, lp, fp, pos, rope):
+        return _layer(x, lp, fp, pos, cfg=cfg, rope=static_rope if static_rope is not None else rope, is_moe=True)
 
-    if cfg.remat and cache is None:
+    if cfg.remat:
         layer = nn.remat_layer(layer, nn.dtype(cfg.dtype))
-    xs = {"layers": params["layers"], "moe": params["moe"], "rope": jnp.asarray(ropes),
-          "i": jnp.arange(cfg.n_layers)}
+    xs = {"layers": params["layers"], "moe": params["moe"], "rope": jnp.asarray(ropes)}
 
-    def body(carry, lx):
-        x, cache = carry
-        i = None if cache is None else lx["i"]
-        x, cache, stats = layer(x, lx["layers"], lx["moe"], pos, cache, i, lx["rope"])
-        return (x, cache), {"load": stats["load"], "prob": stats["prob"], "kept": stats["kept"]}
+    def body(x, lx):
+        x, _, stats = layer(x, lx["layers"], lx["moe"], pos, lx["rope"])
+        return x, {"load": stats["load"], "prob": stats["prob"], "kept": stats["kept"]}
 
-    (x, cache), stats = jax.lax.scan(body, (x, cache), xs, unroll=not cfg.remat)
-    return x, stats, cache
+    x, stats = jax.lax.scan(body, x, xs, unroll=not cfg.remat)
+    return x, stats
 
 
-def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
-    """Scan the L / P blocks of ``period(cfg)`` layers. Returns (x, stacked router stats, new cache or None)."""
+def _run_layers(params: Params, x, pos, cfg: ModelConfig):
+    """Scan the L / P blocks of ``period(cfg)`` layers. Returns (x, stacked router stats)."""
     if all(cfg.is_moe_layer(i) for i in range(cfg.n_layers)):
-        return _run_uniform(params, x, pos, cfg, cache)
+        return _run_uniform(params, x, pos, cfg)
     p = period(cfg)
     nb = cfg.n_layers // p
     kinds = [(cfg.uses_rope(j), cfg.is_moe_layer(j)) for j in range(p)]
     fns = {}
     for rope, is_moe in set(kinds):
         f = functools.partial(_layer, cfg=cfg, rope=rope, is_moe=is_moe)
-        if cfg.remat and cache is None:
+        if cfg.remat:
             f = nn.remat_layer(f, nn.dtype(cfg.dtype))
         fns[(rope, is_moe)] = f
     xs = {"layers": _blocked(params["layers"], nb), "moe": _blocked(params["moe"], nb), "blk": jnp.arange(nb)}
     if "dense" in params:
         xs["dense"] = _blocked(params["dense"], nb)
 
-    def body(carry, blk):
-        x, cache = carry
+    def body(x, blk):
         loads, probs, kepts = [], [], []
         i_dense = i_moe = 0
         for j, (rope, is_moe) in enumerate(kinds):
@@ -170,18 +166,17 @@ def _run_layers(params: Params, x, pos, cfg: ModelConfig, cache=None):
             else:
                 fp = jax.tree.map(lambda a: a[i_dense], blk["dense"])
                 i_dense += 1
-            i = None if cache is None else blk["blk"] * p + j
-            x, cache, stats = fns[(rope, is_moe)](x, lp, fp, pos, cache, i)
+            x, _, stats = fns[(rope, is_moe)](x, lp, fp, pos)
             if stats is not None:
                 loads.append(stats["load"])
                 probs.append(stats["prob"])
                 kepts.append(stats["kept"])
-        return (x, cache), {"load": jnp.stack(loads), "prob": jnp.stack(probs), "kept": jnp.stack(kepts)}
+        return x, {"load": jnp.stack(loads), "prob": jnp.stack(probs), "kept": jnp.stack(kepts)}
 
-    (x, cache), ys = jax.lax.scan(body, (x, cache), xs, unroll=not cfg.remat)
+    x, ys = jax.lax.scan(body, x, xs, unroll=not cfg.remat)
     stats = {"load": ys["load"].reshape(-1, cfg.n_experts), "prob": ys["prob"].reshape(-1, cfg.n_experts),
              "kept": ys["kept"].reshape(-1)}
-    return x, stats, cache
+    return x, stats
 
 
 def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, positions_BT=None,
@@ -190,13 +185,24 @@ def forward_hidden(params: Params, tokens_BT: jax.Array, cfg: ModelConfig, posit
     ``{"load": [Lm, E], "prob": [Lm, E], "kept": [Lm]}`` (see :func:`scalerl_jax.models.moe.moe_ffn`)."""
     B, T = tokens_BT.shape
     pos = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
-    x, stats, _ = _run_layers(params, nn.embed(params["embed"], tokens_BT, cfg), pos, cfg)
+    x, stats = _run_layers(params, nn.embed(params["embed"], tokens_BT, cfg), pos, cfg)
     h = nn.rms_norm(x, params["final_norm"], cfg.rms_eps)
     return (h, stats) if return_aux else h
 
 
 def forward_cached(params: Params, tokens_BT, positions_BT, cache, cfg: ModelConfig) -> tuple[jax.Array, Any]:
-    """KV-cached pass (contract: :func:`scalerl_jax.models.model.forward_cached`); the cache travels in the layer
-    scan's carry and each layer writes its slice in place."""
-    x, _, cache = _run_layers(params, nn.embed(params["embed"], tokens_BT, cfg), positions_BT, cfg, cache)
-    return nn.rms_norm(x, params["final_norm"], cfg.rms_eps), cache
+    """KV-cached pass (contract: :func:`scalerl_jax.models.model.forward_cached`). The layers run unrolled, each
+    with its static RoPE / NoPE and MoE / dense kind and its own cache buffers (written in place; a rolled scan
+    would copy each layer's slice out of a stacked cache at every step)."""
+    x = nn.embed(params["embed"], tokens_BT, cfg)
+    out, n_moe, n_dense = [], 0, 0
+    for i in range(cfg.n_layers):
+        is_moe = cfg.is_moe_layer(i)
+        if is_moe:
+            fp, n_moe = jax.tree.map(lambda a, j=n_moe: a[j], params["moe"]), n_moe + 1
+        else:
+            fp, n_dense = jax.tree.map(lambda a, j=n_dense: a[j], params["dense"]), n_dense + 1
+        lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+        x, c, _ = _layer(x, lp, fp, positions_BT, cache[i], cfg=cfg, rope=cfg.uses_rope(i), is_moe=is_moe)
+        out.append(c)
+    return nn.rms_norm(x, params["final_norm"], cfg.rms_eps), tuple(out)

@@ -21,7 +21,7 @@ from scalerl_jax.models import params as P
 from scalerl_jax.models.head_matmul import head_matmul
 from scalerl_jax.models.params import Params
 
-KVCache = dict[str, jax.Array]  # {"k": [L, B, K, S, Dh], "v": [L, B, K, S, Dh]}
+KVCache = tuple[dict[str, jax.Array], ...]  # one {"k": [B, K, S, Dh], "v": [B, K, S, Dh]} per layer
 
 #: the module that runs each ``ModelConfig.arch``: the dense decoder (Llama, Qwen2, Qwen3) or the MoE decoder
 #: (Llama 4, Qwen3-MoE); what differs within a module is declared per arch (``ModelConfig`` properties)
@@ -99,10 +99,11 @@ def forward(params: Params, tokens_BT: jax.Array, cfg: ModelConfig) -> jax.Array
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
-    """A zeroed KV cache ``{"k", "v"}: [L, B, K, S, Dh]`` of ``max_len`` slots per sequence."""
-    shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
+    """A zeroed KV cache of ``max_len`` slots per sequence: a tuple of ``cfg.n_layers`` layers' ``{"k", "v"}:
+    [B, K, S, Dh]`` (separate buffers, so a layer reads and writes its own in place)."""
+    shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     dt = nn.dtype(dtype or cfg.dtype)
-    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+    return tuple({"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)} for _ in range(cfg.n_layers))
 
 
 def forward_cached(params: Params, tokens_BT: jax.Array, positions_BT: jax.Array, cache: KVCache,

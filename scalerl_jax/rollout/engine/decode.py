@@ -1,6 +1,6 @@
 """Device side of the embedded engine (:mod:`scalerl_jax.rollout.engine`): jitted prefill, single-token decode
-forward, the per-row interruption state machine and the decode chunk under ``lax.scan``, over the slot KV cache
-``{"k", "v"}: [L, B, K, S, Dh]`` (the models' own cache layout, :func:`scalerl_jax.models.init_cache`).
+forward, the per-row interruption state machine and the decode chunk under ``lax.scan``, over the slot KV cache,
+one ``{"k", "v"}: [B, K, S, Dh]`` per layer (the models' own cache layout, :func:`scalerl_jax.models.init_cache`).
 
 Prefill (:func:`_prefill_kv`) runs :func:`forward_cached` over new rows (their prompts minus the last token) on a
 cache of exactly T positions and returns their K/V; :func:`_scatter_rows` writes them into their slots. A decode
@@ -57,7 +57,7 @@ from scalerl_jax.rollout.length_rule import (  # noqa: F401  (FIN_*, FINISH_NAME
 
 
 def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
-    """K/V of new rows ``tokens_kT`` (positions 0..T-1): ``{"k", "v"}: [L, k, K, T, Dh]``.
+    """K/V of new rows ``tokens_kT`` (positions 0..T-1): one ``{"k", "v"}: [k, K, T, Dh]`` per layer.
 
     Runs :func:`forward_cached` on a cache of exactly T positions (cheap cache writes). Compiled per (k, T) only,
     not per slot-cache shape: the expensive compile is shared by every batch and cache size.
@@ -69,11 +69,11 @@ def _prefill_kv(params: Params, tokens_kT: jax.Array, *, cfg: ModelConfig):
 
 
 def _scatter_rows(cache, new, slot_k: jax.Array):
-    """Write new rows' K/V ``[L, k, K, T, Dh]`` into slots ``slot_k`` of the slot cache ``[L, B, K, S, Dh]``,
-    positions 0..T-1; a slot index >= B (bucket padding) is dropped. The slot's positions >= T keep whatever an
-    earlier row left there: decode overwrites each of them before any query can see it."""
-    T = new["k"].shape[3]
-    return {n: cache[n].at[:, slot_k, :, :T].set(new[n].astype(cache[n].dtype), mode="drop") for n in ("k", "v")}
+    """Write new rows' K/V (per layer ``[k, K, T, Dh]``) into slots ``slot_k`` of the slot cache (per layer
+    ``[B, K, S, Dh]``), positions 0..T-1; a slot index >= B (bucket padding) is dropped. The slot's positions >= T
+    keep whatever an earlier row left there: decode overwrites each of them before any query can see it."""
+    return tuple({n: c[n].at[slot_k, :, :nw[n].shape[2]].set(nw[n].astype(c[n].dtype), mode="drop")
+                  for n in ("k", "v")} for c, nw in zip(cache, new, strict=True))
 
 
 def _decode_step(params, cache, st: dict, rows: dict, key, *, cfg: ModelConfig, use_top_p: bool):

@@ -4,7 +4,7 @@ updates, interruption length control. This module is the host-side scheduler; th
 :mod:`scalerl_jax.rollout.engine.rows`.
 
 Scheduler (continuous batching). The engine owns ``B`` row *slots* (a power-of-two bucket, at least 8, at most
-``max_batch``), one KV cache ``{"k", "v"}: [L, B, K, S, Dh]`` and per-slot constants (sampling parameters,
+``max_batch``), one KV cache (per layer ``{"k", "v"}: [B, K, S, Dh]``) and per-slot constants (sampling parameters,
 length control, a PRNG key) and decode state, mirrored on the host between chunks. Work enters through
 :meth:`JaxEngine.submit`, from any thread: requests are validated, expanded into their ``n`` rows (samples),
 thinking budgets and per-row sampling keys are drawn, and the rows queue FIFO. Work is done by
@@ -325,7 +325,7 @@ class JaxEngine:
         self._B = self._S = 0
         self._widths = (4, 4, 8)  # stop ids, think-end window, interruption ids (grown on demand)
         self._slots: list[Row | None] = []
-        self._cache: dict[str, jax.Array] | None = None
+        self._cache: tuple[dict[str, jax.Array], ...] | None = None
         self._consts: dict[str, np.ndarray] = {}
         self._st: dict[str, np.ndarray] = {}
         self._consts_dev: dict[str, jax.Array] = {}
@@ -465,8 +465,8 @@ class JaxEngine:
             copy_slots(consts, self._consts)
             copy_slots(st, self._st)
             copy_slots(out, self._out)
-            pad = ((0, 0), (0, B - self._B), (0, 0), (0, S - self._S), (0, 0))
-            self._cache = {n: jnp.pad(c, pad) for n, c in self._cache.items()}
+            pad = ((0, B - self._B), (0, 0), (0, S - self._S), (0, 0))
+            self._cache = tuple({n: jnp.pad(c, pad) for n, c in layer.items()} for layer in self._cache)
             self._slots += [None] * (B - self._B)
         self._consts, self._st, self._out = consts, st, out
         self._B, self._S, self._widths = B, S, widths

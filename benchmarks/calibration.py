@@ -37,7 +37,7 @@ import numpy as np
 
 from scalerl_jax.scaling.io import fit_window, load_run
 from scalerl_jax.scaling.report import fit_runs
-from scalerl_jax.scaling.trust import a_bound, departure, predictive_band, seed_spread
+from scalerl_jax.scaling.trust import a_bound, another_seed, departure, predictive_band
 
 INTERVAL = 0.9
 SEED_SUFFIX = re.compile(r"_s(\d+)$")
@@ -74,7 +74,7 @@ def _lag1(x: np.ndarray) -> float:
     return float(np.corrcoef(x[:-1], x[1:])[0, 1])
 
 
-def study_run(curve, mask, post, spread: float | None) -> dict:
+def study_run(curve, mask, post) -> dict:
     """One run's row: coverage of its held-out evals by each interval, its final eval, and where misses come from."""
     held = np.flatnonzero(~mask)
     c, r = curve.compute[held], curve.reward[held]
@@ -110,13 +110,7 @@ def study_run(curve, mask, post, spread: float | None) -> dict:
         "misses_after_departure": int(np.sum(~in_eval & after_dep)),
         "misses_in_runs": int(np.sum(in_runs & ~after_dep)),
         "misses_above": int(np.sum(side > 0)), "misses_below": int(np.sum(side < 0)),
-        "seed_sd": spread,
     }
-    if spread is not None:
-        slo, shi = predictive_band(post, [c[-1]], nk=None if nk is None else nk[-1:], interval=INTERVAL,
-                                   seed_sd=spread)
-        row["another_seed"] = [float(slo[0]), float(shi[0])]
-        row["width_seed"] = float(shi[0] - slo[0])
     return row
 
 
@@ -130,15 +124,6 @@ def run_study(roots: list[Path], *, fit_until: float = 0.5, compute_key: str = "
     recipes: dict[str, list[Path]] = {}
     for r in runs:
         recipes.setdefault(recipe_of(r), []).append(r)
-    # the run-to-run spread of a recipe, from its seeds' first halves only
-    spreads = {}
-    for rec, members in recipes.items():
-        if len(members) >= 2:
-            halves = []
-            for m in members:
-                mask, _ = fit_window(curves[m], fit_until)
-                halves.append((curves[m], mask))
-            spreads[rec] = seed_spread(halves)
     t0 = time.perf_counter()
     posteriors = {}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -152,17 +137,18 @@ def run_study(roots: list[Path], *, fit_until: float = 0.5, compute_key: str = "
     for name, post in posteriors.items():
         r = by_name[name]
         mask, _ = fit_window(curves[r], fit_until)
-        row = study_run(curves[r], mask, post, spreads.get(recipe_of(r)))
+        row = study_run(curves[r], mask, post)
         rows[names[r]] = {"recipe": recipe_of(r), **row}
-    # another seed: each run's interval against the other seeds' final evals
+    # another seed: the recipe's run-to-run spread from its seeds' first halves only (trust.another_seed) widens
+    # each run's interval, held against the other seeds' final evals
     for rec, members in recipes.items():
         if len(members) < 2:
             continue
-        for m in members:
-            lo, hi = rows[names[m]]["another_seed"]
-            others = [curves[o].reward[-1] for o in members if o != m]
-            rows[names[m]]["other_finals_in_seed_band"] = int(sum(lo <= f <= hi for f in others))
-            rows[names[m]]["other_finals"] = len(others)
+        res = another_seed({m: curves[m] for m in members}, {m: posteriors[curves[m].name] for m in members},
+                           {m: fit_window(curves[m], fit_until)[0] for m in members}, interval=INTERVAL)
+        for m, r in res["runs"].items():
+            rows[names[m]].update(seed_sd=res["spread"], width_seed=r["width"], other_finals=len(r["others"]),
+                                  other_finals_in_seed_band=r["inside"])
     return {"settings": {"fit_until": fit_until, "compute_key": compute_key, "num_samples": num_samples,
                          "num_chains": num_chains, "seed": seed, "roots": [str(x) for x in roots]},
             "fit_seconds": fit_s, "runs": rows, "pooled": pooled(rows)}

@@ -11,6 +11,12 @@ P(A < A_baseline) >= --stop-if-worse would have stopped the run: the compute aft
 Prints one table; --json FILE writes the rows. The refits use the live forecast's NUTS settings (ForecastConfig) and
 are timed in wall and CPU seconds; run it as the refit process runs (``XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
 intra_op_parallelism_threads=1"``, one thread) to time what a run's refits cost.
+
+    python -m benchmarks.forecast_replay --check-warm RUN_DIR [RUN_DIR ...] --compute-key flops
+
+checks the cheap refits (each starting from the previous refit's adapted step sizes and mass matrices with a
+short warm-up, ForecastConfig.warm_warmup) against full NUTS refits on the same evals, beside the difference two
+full refits with different seeds show.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history,
 
 
 def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None, min_evals: int = 5,
-           stop_min_evals: int = 6, confirmations: int = 2, compute_key: str = "device_hours", **nuts) -> dict:
+           stop_min_evals: int = 6, confirmations: int = 2, compute_key: str = "device_hours", seed: int = 0,
+           **nuts) -> dict:
     lines = [line for line in open(run_dir / "metrics.jsonl") if line.strip()]
     rows = [json.loads(line) for line in lines]
     evals = [i for i, r in enumerate(rows) if r.get("kind") == "eval" and r.get(compute_key) is not None]
@@ -41,8 +48,9 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = ForecastConfig()  # the live forecast's own NUTS settings unless given
-        nuts = {"num_samples": cfg.num_samples, "num_chains": cfg.num_chains, "num_warmup": cfg.num_warmup, **nuts}
-        fc = Forecaster(tmp, compute_key=compute_key, min_evals=min_evals, baseline=baseline, **nuts)
+        nuts = {"num_samples": cfg.num_samples, "num_chains": cfg.num_chains, "num_warmup": cfg.num_warmup,
+                "warm_warmup": cfg.warm_warmup, **nuts}
+        fc = Forecaster(tmp, compute_key=compute_key, min_evals=min_evals, baseline=baseline, seed=seed, **nuts)
         fc.warm_up()  # compiled before the first refit, as the refit process does
         for n, i in enumerate(evals, start=1):
             if n < min_evals:
@@ -61,7 +69,8 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
            "seconds": time.perf_counter() - t0,
            "refit_seconds": [float(np.median([r["fit_seconds"] for r in forecasts])),
                              float(np.max([r["fit_seconds"] for r in forecasts]))] if forecasts else None,
-           "refit_cpu_seconds": [float(np.median(cpu)), float(np.max(cpu))] if cpu else None}
+           "refit_cpu_seconds": [float(np.median(cpu)), float(np.max(cpu))] if cpu else None,
+           "forecast_rows": forecasts}
     if baseline is not None:
         out["stopped_at_step"] = stop["step"] if stop else None
         out["compute_saved_fraction"] = (1 - stop["compute"] / last[compute_key]) if stop else 0.0
@@ -76,6 +85,39 @@ def replay(run_dir: Path, *, baseline: Path | None, stop_if_worse: float | None,
     return out
 
 
+AGREE_KEYS = (("A_lo", "A_hi"), ("R_obs_lo", "R_obs_hi"))
+
+
+def disagreement(rows: list[dict], ref: list[dict]) -> list[float]:
+    """For each pair of forecasts of the same eval: how far apart the two fits' 90 % intervals of A and of the final
+    eval are, the largest of the four end-point differences in units of the reference interval's width."""
+    out = []
+    for r, q in zip(rows, ref, strict=True):
+        assert r["step"] == q["step"]
+        out.append(max(abs(r[k] - q[k]) / max(q[hi] - q[lo], 1e-9) for lo, hi in AGREE_KEYS for k in (lo, hi)))
+    return out
+
+
+def check_warm(run_dirs: list[Path], compute_key: str) -> list[dict]:
+    """The warm refits (ForecastConfig.warm_warmup) against full refits (every refit adapted from scratch) on the
+    same evals, and two full replays with different seeds against each other: the Monte Carlo difference any two
+    NUTS fits show, the scale the warm refits' difference is read against."""
+    out = []
+    for d in run_dirs:
+        warm = replay(d, baseline=None, stop_if_worse=None, compute_key=compute_key)
+        full = replay(d, baseline=None, stop_if_worse=None, compute_key=compute_key, warm_warmup=0)
+        full2 = replay(d, baseline=None, stop_if_worse=None, compute_key=compute_key, warm_warmup=0, seed=100)
+        w, f, f2 = (x["forecast_rows"] for x in (warm, full, full2))
+        dw, df = disagreement(w, f), disagreement(f2, f)
+        out.append({"run": str(d), "forecasts": len(f), "cpu_warm": warm["refit_cpu_seconds"][0],
+                    "cpu_full": full["refit_cpu_seconds"][0],
+                    "warm_vs_full": [float(np.median(dw)), float(np.quantile(dw, 0.9))],
+                    "full_vs_full": [float(np.median(df)), float(np.quantile(df, 0.9))],
+                    "warm_adapted": sum(bool(r.get("warm_adaptation")) for r in w),
+                    "divergences": [sum(r["divergences"] for r in x) for x in (w, f)]})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.forecast_replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,7 +127,21 @@ def main(argv=None) -> int:
     ap.add_argument("--confirmations", type=int, default=2, help="consecutive forecasts the stop rule needs")
     ap.add_argument("--compute-key", default="device_hours", choices=("device_hours", "flops"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--check-warm", action="store_true", help="compare the warm refits with full refits (and two "
+                    "full replays with each other) on each run: CPU seconds per refit and how far the intervals move")
     a = ap.parse_args(argv)
+    if a.check_warm:
+        res = check_warm(a.run_dirs, a.compute_key)
+        print("| run | forecasts | refit CPU s warm / full | warm vs full: interval ends moved (median, 90th pct, "
+              "x width) | full vs full, another seed | warm-adapted refits | divergences warm / full |")
+        print("|---|---|---|---|---|---|---|")
+        for r in res:
+            print(f"| {r['run']} | {r['forecasts']} | {r['cpu_warm']:.2f} / {r['cpu_full']:.2f} | "
+                  f"{r['warm_vs_full'][0]:.2f}, {r['warm_vs_full'][1]:.2f} | {r['full_vs_full'][0]:.2f}, "
+                  f"{r['full_vs_full'][1]:.2f} | {r['warm_adapted']} | {r['divergences'][0]} / {r['divergences'][1]} |")
+        if a.json:
+            a.json.write_text(json.dumps(res, indent=2))
+        return 0
     results = [replay(d, baseline=a.baseline, stop_if_worse=a.stop_if_worse if a.baseline else None,
                       confirmations=a.confirmations, compute_key=a.compute_key) for d in a.run_dirs]
     print("| run | evals | forecasts | refit s (median, max; CPU s) | final reward | every interval held it from | "

@@ -330,7 +330,7 @@ def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: f
     from the seeds' fit windows alone (``trust.seed_spread``) widens each run's 90 % interval of one eval; the table
     says how many of the other seeds' last evals it holds (each at its own compute and eval size)."""
     from scalerl_jax.scaling.io import fit_window
-    from scalerl_jax.scaling.trust import predictive_band, seed_spread
+    from scalerl_jax.scaling.trust import another_seed
 
     by_variant: dict[str, list[str]] = {}
     for name in runs:
@@ -346,23 +346,15 @@ def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: f
              "| run | s (two seeds) | another seed's end (90%) | other seeds' ends inside |", "|---|---|---|---|"]
     for variant, names in by_variant.items():
         try:
-            spread = seed_spread([(curves[n], fit_window(curves[n], fit_until)[0]) for n in names])
+            res = another_seed({n: curves[n] for n in names}, {n: posteriors[n] for n in names},
+                               {n: fit_window(curves[n], fit_until)[0] for n in names})
         except ValueError as e:  # e.g. seeds that share no eval step inside their windows
             lines.append(f"| {variant} (seeds {', '.join(variant_seed(n)[1] for n in names)}) | not estimated: {e} "
                          "| | |")
             continue
-        for n in names:
-            post, inside, bands = posteriors[n], 0, []
-            for o in names:
-                if o == n:
-                    continue
-                c = curves[o]
-                nk = None if c.val_n is None else c.val_n[-1:] * c.val_k[-1:]
-                lo, hi = predictive_band(post, c.compute[-1:], nk=nk, seed_sd=spread)
-                bands.append((float(lo[0]), float(hi[0])))
-                inside += int(lo[0] <= c.reward[-1] <= hi[0])
-            lo, hi = min(b[0] for b in bands), max(b[1] for b in bands)
-            lines.append(f"| {n} | {spread:.3f} | [{lo:.3f}, {hi:.3f}] | {inside} of {len(names) - 1} |")
+        for n, r in res["runs"].items():
+            lo, hi = min(b[0] for b in r["bands"]), max(b[1] for b in r["bands"])
+            lines.append(f"| {n} | {res['spread']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['inside']} of {len(r['others'])} |")
     return lines
 
 

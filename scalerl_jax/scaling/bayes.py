@@ -130,8 +130,9 @@ def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_sample
 
     init_kernel, sample_kernel = hmc(potential_fn_gen=potential_fn_gen, algo="NUTS")
 
-    def one_lane(key, z0, args):
-        state = init_kernel(z0, num_warmup, target_accept_prob=0.9, model_args=args, rng_key=key)
+    def one_lane(key, z0, args, step_size, inv_mass):
+        state = init_kernel(z0, num_warmup, step_size=step_size, inverse_mass_matrix=inv_mass, target_accept_prob=0.9,
+                            model_args=args, rng_key=key)
 
         def warm(state, _):
             return sample_kernel(state, model_args=args), None
@@ -141,19 +142,20 @@ def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_sample
             return state, (state.z, state.diverging, state.num_steps)
 
         state, _ = jax.lax.scan(warm, state, None, length=num_warmup)
+        adapted = (state.adapt_state.step_size, state.adapt_state.inverse_mass_matrix)
         _, (zs, div, steps) = jax.lax.scan(draw, state, None, length=num_samples)
         values = jax.vmap(lambda z: _constrained(model, args, z))(zs)
-        return values, div, steps
+        return values, div, steps, adapted
 
     @jax.jit
-    def run(keys, args, center, spread):
+    def run(keys, args, center, spread, step_size, inv_mass):
         z0_keys = jax.vmap(lambda k: jax.random.split(k, len(sites)))(keys)
         # Uniform in [center - spread, center + spread] in the standardised unconstrained coordinates. A cold
         # start (center 0, spread 1.5) spreads the chains over the prior's bulk, so disagreeing chains show up
         # in r_hat instead of all starting at one point; a warm start centres them on an earlier fit's medians.
         z0 = {s: center[s] + jax.vmap(lambda k: jax.random.uniform(k, (), minval=-1.0, maxval=1.0))(
             z0_keys[:, i]) * spread for i, s in enumerate(sites)}
-        return jax.vmap(one_lane)(keys, z0, args)
+        return jax.vmap(one_lane)(keys, z0, args, step_size, inv_mass)
 
     return run
 
@@ -193,6 +195,9 @@ class SigmoidPosterior:
     compute: np.ndarray
     reward: np.ndarray
     inputs: dict = dataclasses.field(default_factory=dict)  # R0 / n_prompts / k_samples as passed, for refits
+    #: each chain's adapted NUTS step size and diagonal inverse mass matrix (and the model variant's flags): a
+    #: later fit of the same model can start from them (``fit_bayes(adaptation=...)``)
+    adaptation: dict | None = None
 
     def _param(self, name: str) -> np.ndarray:
         if name == "R0" and "R0" not in self.samples:
@@ -380,8 +385,22 @@ def _start_point(prep: _Prepared, init: dict | None) -> tuple[dict, float]:
     return centre, WARM_SPREAD
 
 
+def _start_adaptation(prep: _Prepared, adaptation: dict | None, num_chains: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each chain's initial step size and diagonal inverse mass matrix: an earlier fit's adapted ones (its
+    ``SigmoidPosterior.adaptation``, if it sampled the same sites with as many chains), else numpyro's cold start
+    (1.0 and the identity)."""
+    d = len(_latent_sites(*prep.flags))
+    if adaptation is not None and adaptation.get("flags") == prep.flags:
+        step, inv = np.asarray(adaptation["step_size"], float), np.asarray(adaptation["inverse_mass_matrix"], float)
+        if step.shape == (num_chains,) and inv.shape == (num_chains, d) and np.all(np.isfinite(step)) \
+                and np.all(step > 0) and np.all(np.isfinite(inv)) and np.all(inv > 0):
+            return step, inv
+    return np.ones(num_chains), np.ones((num_chains, d))
+
+
 def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup,
-               inits: list[dict | None] | None = None) -> list[SigmoidPosterior]:
+               inits: list[dict | None] | None = None,
+               adaptations: list[dict | None] | None = None) -> list[SigmoidPosterior]:
     flags = preps[0].flags
     if any(p.flags != flags for p in preps):
         raise ValueError("fit_bayes_batch: all data sets must agree on R0 fixed/fitted, counts given or not, and A")
@@ -393,7 +412,12 @@ def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup
     center = {s: jnp.asarray(np.repeat([c[s] for c, _ in starts], num_chains))
               for s in _latent_sites(fit_r0, counts, fix_a)}
     spread = jnp.asarray(np.repeat([w for _, w in starts], num_chains))
-    values, div, _ = run(keys, args, center, spread)
+    adapt0 = [_start_adaptation(p, None if adaptations is None else adaptations[i], num_chains)
+              for i, p in enumerate(preps)]
+    step0 = jnp.asarray(np.concatenate([a[0] for a in adapt0]), jnp.float32)
+    inv0 = jnp.asarray(np.concatenate([a[1] for a in adapt0]), jnp.float32)
+    values, div, _, (step_adapted, inv_adapted) = run(keys, args, center, spread, step0, inv0)
+    step_adapted, inv_adapted = np.asarray(step_adapted, float), np.asarray(inv_adapted, float)
     values = {k: np.asarray(v, dtype=float) for k, v in values.items()}
     div = np.asarray(div)
     names = (["B", "C_mid"] if fix_a else ["A", "B", "C_mid"]) + (["R0"] if fit_r0 else [])
@@ -422,6 +446,8 @@ def _run_batch(preps: list[_Prepared], seed, num_samples, num_chains, num_warmup
                 compute=p.compute,
                 reward=p.reward,
                 inputs=p.inputs,
+                adaptation={"flags": flags, "step_size": step_adapted[lanes],
+                            "inverse_mass_matrix": inv_adapted[lanes]},
             )
         )
     return out
@@ -465,6 +491,7 @@ def fit_bayes(
     exclude_below: float = 0.0,
     init: dict | None = None,
     correlated: bool = True,
+    adaptation: dict | None = None,
 ) -> SigmoidPosterior:
     """Posterior over the ScaleRL law's parameters with NumPyro NUTS (chains vectorised on one device).
 
@@ -498,13 +525,17 @@ def fit_bayes(
             units): the chains start within a small box around it instead of over the prior's bulk (the live
             forecast refits a growing curve this way).
         correlated: fit the residuals' lag-one correlation (default); False treats evals as independent (rho 0).
+        adaptation: an earlier fit's ``SigmoidPosterior.adaptation`` (same model variant and chain count): each
+            chain starts from its adapted step size and mass matrix instead of the identity. With ``num_warmup``
+            below 20, numpyro's warm-up is one window that tunes the step size only and keeps that mass matrix:
+            the live forecast's cheap refit of a curve that grew by an eval (ignored if it does not match).
 
     Returns a SigmoidPosterior; warns (ScalingFitWarning) when any R-hat exceeds 1.01, NUTS diverged,
     or the ceiling runs into its bound.
     """
     num_samples, num_chains, num_warmup = _check_run_args(num_samples, num_chains, num_warmup)
     prep = _prepare(compute, reward, R0, n_prompts, k_samples, A, exclude_below, correlated=correlated)
-    post = _run_batch([prep], seed, num_samples, num_chains, num_warmup, inits=[init])[0]
+    post = _run_batch([prep], seed, num_samples, num_chains, num_warmup, inits=[init], adaptations=[adaptation])[0]
     _warn_diagnostics(post, "fit_bayes")
     return post
 

@@ -61,25 +61,38 @@ class Forecaster:
         min_evals: refuse to fit (``refit`` returns None) on fewer evals.
         baseline: a run directory of the same task (finished or still running); refitted on all its evals
             whenever its metrics.jsonl has grown.
-        num_samples, num_chains, num_warmup, seed: NUTS settings, the same for every refit (one compilation).
+        num_samples, num_chains, num_warmup, seed: NUTS settings of a full fit (the first refit, the baseline's).
+        warm_warmup: warm-up steps of a refit that starts from the previous refit's adapted step sizes and mass
+            matrices (below 20: the step size is retuned, the mass matrix kept; see ``fit_bayes(adaptation=)``),
+            used when that refit was healthy (no divergence, R-hat <= ``WARM_RHAT_MAX``); None or 0: every refit
+            runs the full ``num_warmup``.
     """
 
+    WARM_RHAT_MAX = 1.05  # the previous refit's worst R-hat up to which its adaptation is reused
+
     def __init__(self, run_dir, *, compute_key: str = "device_hours", min_evals: int = 5, baseline=None,
-                 num_samples: int = 500, num_chains: int = 4, num_warmup: int = 300, seed: int = 0) -> None:
+                 num_samples: int = 500, num_chains: int = 4, num_warmup: int = 300, seed: int = 0,
+                 warm_warmup: int | None = None) -> None:
         self.run_dir, self.compute_key, self.min_evals = Path(run_dir), compute_key, int(min_evals)
         self.nuts = {"num_samples": int(num_samples), "num_chains": int(num_chains), "num_warmup": int(num_warmup)}
+        self.warm_warmup = int(warm_warmup or 0)
+        self._adapt: dict | None = None  # the previous healthy refit's adaptation, for the next refit
         self.seed = int(seed)
         self.baseline_dir = None if baseline is None else Path(baseline)
         self._baseline: tuple[int, SigmoidPosterior] | None = None  # (evals it was fitted on, posterior)
         self._init: dict | None = None  # the previous fit's medians: the next fit's warm start
         self.n_fits = 0
 
-    def _fit(self, curve, init: dict | None, seed: int) -> tuple[SigmoidPosterior, list[str]]:
+    def _fit(self, curve, init: dict | None, seed: int, adaptation: dict | None = None
+             ) -> tuple[SigmoidPosterior, list[str]]:
         d = _bayes_inputs(curve, np.ones(curve.compute.size, bool), 0.0)
+        nuts = dict(self.nuts)
+        if adaptation is not None:
+            nuts["num_warmup"] = self.warm_warmup
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
             post = fit_bayes(d["compute"], d["reward"], d.get("R0"), n_prompts=d.get("n_prompts"),
-                             k_samples=d.get("k_samples"), init=init, seed=seed, **self.nuts)
+                             k_samples=d.get("k_samples"), init=init, seed=seed, adaptation=adaptation, **nuts)
         return post, [str(w.message) for w in rec]
 
     def warm_up(self) -> None:
@@ -88,7 +101,11 @@ class Forecaster:
         c = np.linspace(0.0, 1.0, 8)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fit_bayes(c, 0.3 + 0.3 * c / (0.5 + c), None, n_prompts=100, k_samples=4, seed=self.seed, **self.nuts)
+            post = fit_bayes(c, 0.3 + 0.3 * c / (0.5 + c), None, n_prompts=100, k_samples=4, seed=self.seed,
+                             **self.nuts)
+            if self.warm_warmup:  # the warm refit's sampler too (another warm-up length: another compilation)
+                fit_bayes(c, 0.3 + 0.3 * c / (0.5 + c), None, n_prompts=100, k_samples=4, seed=self.seed,
+                          adaptation=post.adaptation, **{**self.nuts, "num_warmup": self.warm_warmup})
 
     def baseline(self) -> SigmoidPosterior | None:
         """The baseline's posterior on all its evals, refitted when it has more evals than at the last call."""
@@ -120,10 +137,14 @@ class Forecaster:
         if not math.isfinite(target):
             target = compute
         warm = self._init is not None
-        post, notes = self._fit(curve, self._init, self.seed + 2 + self.n_fits)
+        adapt = self._adapt if self.warm_warmup else None
+        post, notes = self._fit(curve, self._init, self.seed + 2 + self.n_fits, adapt)
         self.n_fits += 1
         s = post.summary()
         self._init = {k: v["median"] for k, v in s.items()}
+        r_hat_max = max(post.r_hat.values(), default=float("nan"))
+        healthy = post.num_divergences == 0 and r_hat_max <= self.WARM_RHAT_MAX
+        self._adapt = post.adaptation if healthy else None  # an unhealthy refit: the next one adapts from scratch
         row: dict = {"kind": "forecast", "step": step, "n_evals": int(curve.compute.size),
                      "compute_key": self.compute_key, "compute": compute, "target_compute": target,
                      "val_reward": float(curve.reward[-1])}
@@ -134,8 +155,8 @@ class Forecaster:
         n_last = None if curve.val_n is None else curve.val_n[-1]
         k_last = None if curve.val_k is None else curve.val_k[-1]
         row["R_obs_lo"], row["R_obs_hi"] = observed_interval(post, target, n_last, k_last, seed=self.seed)
-        row.update(divergences=int(post.num_divergences), r_hat_max=max(post.r_hat.values(), default=float("nan")),
-                   warm_start=warm, warnings=len(notes))
+        row.update(divergences=int(post.num_divergences), r_hat_max=r_hat_max, warm_start=warm,
+                   warm_adaptation=adapt is not None, warnings=len(notes))
         base = self.baseline()
         if base is not None:
             row.update(self._against(post, base))

@@ -9,9 +9,10 @@ XLA thread pool and the GIL. The process runs JAX on the CPU only, on one thread
 (``forecast.nice``), so training keeps the machine; it compiles its sampler as it starts (on a synthetic curve of
 the same shape, while the first evals are made), keeps it across refits and caches the compiled code on disk for
 the next run (``JAX_COMPILATION_CACHE_DIR``, default ``~/.cache/scalerl_jax/xla``); each refit starts from the
-previous one's medians. Its log is ``RUN_DIR/forecast.log``. (At the lowest priority, 19, on a machine already
-busy with the trainer and its generators, the process got so little CPU that its import and compilation outlasted
-a whole smoke run: hence a middle value.)
+previous one's medians and, where that refit was healthy, from its adapted step sizes and mass matrices with a
+short warm-up (``forecast.warm_warmup``). Its log is ``RUN_DIR/forecast.log``. (At the lowest priority, 19, on a
+machine already busy with the trainer and its generators, the process got so little CPU that its import and
+compilation outlasted a whole smoke run: hence a middle value.)
 
 Protocol: one JSON object per line. The trainer sends ``{"total_steps": N}``; the process answers
 ``{"row": {...} | null, "seconds": s, "cpu_seconds": c}`` (row null while there are fewer evals than ``min_evals``;
@@ -75,7 +76,8 @@ class LiveForecast:
         args = [sys.executable, "-m", "scalerl_jax.scaling.live", str(self.run_dir),
                 "--compute-key", cfg.compute_key, "--min-evals", str(cfg.min_evals),
                 "--num-samples", str(cfg.num_samples), "--num-chains", str(cfg.num_chains),
-                "--num-warmup", str(cfg.num_warmup), "--seed", str(seed), "--nice", str(cfg.nice)]
+                "--num-warmup", str(cfg.num_warmup), "--warm-warmup", str(cfg.warm_warmup), "--seed", str(seed),
+                "--nice", str(cfg.nice)]
         if cfg.baseline:
             args += ["--baseline", str(cfg.baseline)]
         self.log_path = self.run_dir / "forecast.log"
@@ -235,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-samples", type=int, default=300)
     ap.add_argument("--num-chains", type=int, default=4)
     ap.add_argument("--num-warmup", type=int, default=200)
+    ap.add_argument("--warm-warmup", type=int, default=15, help="warm-up steps of a refit that reuses the previous "
+                    "one's adaptation (0: always the full --num-warmup)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--nice", type=int, default=10)
@@ -244,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl_jax.scaling.forecast import Forecaster
 
     fc = Forecaster(a.run_dir, compute_key=a.compute_key, min_evals=a.min_evals, baseline=a.baseline,
-                    num_samples=a.num_samples, num_chains=a.num_chains, num_warmup=a.num_warmup, seed=a.seed)
+                    num_samples=a.num_samples, num_chains=a.num_chains, num_warmup=a.num_warmup, seed=a.seed,
+                    warm_warmup=a.warm_warmup)
     fc.warm_up()
     print(f"[forecast] refit process {os.getpid()} ready for {a.run_dir} (started and compiled in "
           f"{time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)

@@ -12,13 +12,16 @@ whether the run's later evals left the fitted law.
   below the run's best so far by more than the noise of two evals allows (``fall_z`` standard deviations, each eval
   counting its ``val_n`` prompts as its independent draws: wider than the binomial over ``val_n x val_k``, so a noisy
   curve does not set it off). :func:`departure` finds the first such eval; past it the extrapolation is not trusted.
+- **Another seed.** Where a second seed of the same recipe would end: :func:`seed_spread` estimates the run-to-run
+  spread from the seeds' fit windows alone, and :func:`another_seed` widens each run's interval of one eval by it and
+  holds it against the other seeds' last evals (the run reports' table and the calibration study use it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["a_bound", "departure", "predictive_band", "seed_spread"]
+__all__ = ["a_bound", "another_seed", "departure", "predictive_band", "seed_spread"]
 
 #: A's interval counts as ending at the prior's bound when its upper end lies within this fraction of the prior's
 #: range (1 - R0) of 1
@@ -135,3 +138,30 @@ def seed_spread(halves, late: float = 0.5) -> float:
         nk = np.array([d[s][1] for d in per_seed])
         excess.append(np.var(r, ddof=1) - np.mean(r * (1 - r) / nk))
     return float(np.sqrt(2.0 * max(float(np.mean(excess)), 0.0)))
+
+
+def another_seed(curves: dict, posteriors: dict, masks: dict, interval: float = 0.9) -> dict:
+    """Where another seed of one recipe would end, for two or more seeds of it.
+
+    ``curves``, ``posteriors``, ``masks``: per run name, its RunCurve, the posterior fitted on its fit window and that
+    window's mask. The run-to-run spread s comes from the fit windows alone (:func:`seed_spread`); each run's
+    interval of one eval (:func:`predictive_band` with ``seed_sd=s``) is taken at every other seed's last compute
+    and eval size and held against that seed's last eval. Returns ``{"spread": s, "runs": {name: {"others": [...],
+    "bands": [[lo, hi], ...], "finals": [...], "inside": k, "width": mean band width}}}``. Raises ValueError where
+    the spread cannot be estimated (:func:`seed_spread`: fewer than two seeds, or no shared eval step)."""
+    names = [n for n in curves if n in posteriors and n in masks]
+    spread = seed_spread([(curves[n], masks[n]) for n in names])
+    runs = {}
+    for n in names:
+        others = [o for o in names if o != n]
+        bands, finals = [], []
+        for o in others:
+            c = curves[o]
+            nk = None if c.val_n is None else c.val_n[-1:] * c.val_k[-1:]
+            lo, hi = predictive_band(posteriors[n], c.compute[-1:], nk=nk, interval=interval, seed_sd=spread)
+            bands.append([float(lo[0]), float(hi[0])])
+            finals.append(float(c.reward[-1]))
+        runs[n] = {"others": others, "bands": bands, "finals": finals,
+                   "inside": int(sum(lo <= f <= hi for (lo, hi), f in zip(bands, finals))),
+                   "width": float(np.mean([hi - lo for lo, hi in bands]))}
+    return {"spread": spread, "runs": runs}

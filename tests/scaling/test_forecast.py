@@ -21,6 +21,7 @@ from tests.tolerances import ops
 
 N_PROMPTS, K_SAMPLES, PHI, R0_TRUE = 200, 8, 2.0, 0.30
 NUTS = {"num_samples": 300, "num_chains": 2, "num_warmup": 200}
+WARM_WARMUP = ForecastConfig().warm_warmup  # a refit from the previous refit's adaptation: the live forecast's
 DRAWS = NUTS["num_samples"] * NUTS["num_chains"]  # posterior draws per refit
 MC_SIGMAS = 6  # Monte Carlo tolerances: standard errors (a normal's two tails beyond 6: 2e-9)
 
@@ -74,7 +75,7 @@ def narrowing_refits(out_dir: str) -> list[dict]:
             rows = _evals(a, b, c_mid, seed=100 + i)
             run = Path(out_dir) / f"run{i}"
             run.mkdir(parents=True)
-            fc = Forecaster(run, min_evals=5, **NUTS)
+            fc = Forecaster(run, min_evals=5, warm_warmup=WARM_WARMUP, **NUTS)  # as the live forecast refits
             stages = []
             for n in (6, 12, 18, 24):
                 _write(run / "metrics.jsonl", rows[:n])
@@ -92,6 +93,7 @@ def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
         a, rows, w = run["A"], run["rows"], []
         for n, row in zip((6, 12, 18, 24), run["stages"]):
             assert row["n_evals"] == n and row["step"] == 10 * (n - 1) and row["warm_start"] == (n > 6)
+            assert not (n == 6 and row["warm_adaptation"])  # the first refit adapts from scratch
             w.append(row["A_hi"] - row["A_lo"])
             hits.append(row["A_lo"] <= a <= row["A_hi"])
             # the measured value's interval holds the mean curve's and widens it by the eval's own noise, up to the
@@ -107,6 +109,10 @@ def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
         widths.append(w)
     widths = np.array(widths)
     assert len(widths) == len(TABLE1)
+    # most refits after the first reused the previous one's adaptation (those after an unhealthy fit did not), so
+    # the coverage below is that of the cheap refits the live forecast makes
+    runs = printed_json(background["forecast_refits"])
+    assert sum(row["warm_adaptation"] for run in runs for row in run["stages"][1:]) >= 0.8 * 3 * len(TABLE1)
     print("median A interval width by stage:", np.round(np.median(widths, axis=0), 3), "coverage", np.mean(hits))
     assert np.median(widths[:, -1]) < 0.5 * np.median(widths[:, 0])
     assert np.all(widths[:, -1] < widths[:, 0] + 1e-9)
@@ -134,6 +140,39 @@ def test_warm_start_gives_the_cold_posterior():
         width = sc["hi"] - sc["lo"]
         assert sw["mean"] == pytest.approx(sc["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
         assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
+
+
+def test_a_refit_from_the_previous_fits_adaptation_gives_the_full_posterior():
+    """The live forecast's cheap refit: the curve grew by one eval, and the chains start from the previous fit's
+    medians, step sizes and mass matrices with a 15-step warm-up (which retunes the step size and keeps the mass
+    matrix). Its posterior is the one a full refit (200 adaptation steps from the identity) samples."""
+    rows = _evals(0.61, 1.92, 2542.0, seed=7)
+    c = np.array([r["device_hours"] for r in rows])
+    r = np.array([r["val_reward"] for r in rows])
+    fit = dict(n_prompts=N_PROMPTS, k_samples=K_SAMPLES, num_samples=1000, num_chains=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScalingFitWarning)
+        prev = fit_bayes(c[:-1], r[:-1], None, seed=1, num_warmup=200, **fit)
+        init = {k: v["median"] for k, v in prev.summary().items()}
+        full = fit_bayes(c, r, None, seed=2, num_warmup=200, **fit)
+        warm = fit_bayes(c, r, None, seed=3, num_warmup=WARM_WARMUP, init=init, adaptation=prev.adaptation, **fit)
+    assert WARM_WARMUP < 20  # numpyro's warm-up of fewer than 20 steps is one window: step size only
+    np.testing.assert_allclose(warm.adaptation["inverse_mass_matrix"], prev.adaptation["inverse_mass_matrix"],
+                               rtol=1e-6)  # kept (float32 round trip)
+    assert warm.num_divergences == 0 and max(warm.r_hat.values()) <= 1.05
+    for k in ("A", "B"):
+        sf, sw = full.summary()[k], warm.summary()[k]
+        # as test_warm_start_gives_the_cold_posterior: two samplers of one posterior differ by their Monte Carlo
+        # errors (a mean's sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS)), MC_SIGMAS of the two
+        ess = min(full.ess[k], warm.ess[k])
+        width = sf["hi"] - sf["lo"]
+        assert sw["mean"] == pytest.approx(sf["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
+        assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
+    # an adaptation of another model variant (R0 fixed: one site fewer) is not used
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScalingFitWarning)
+        other = fit_bayes(c, r, 0.3, seed=4, num_warmup=WARM_WARMUP, adaptation=prev.adaptation, **fit)
+    assert other.adaptation["inverse_mass_matrix"].shape == (4, prev.adaptation["inverse_mass_matrix"].shape[1] - 1)
 
 
 def baseline_refits(out_dir: str) -> dict:

@@ -12,6 +12,7 @@ import pytest
 
 from scalerl_jax.config import ConfigError, ForecastConfig
 from scalerl_jax.scaling import ScalingFitWarning, fit_bayes
+from scalerl_jax.scaling.bayes import _prepare, _start_adaptation
 from scalerl_jax.scaling.compare import A_MARGIN
 from scalerl_jax.scaling.forecast import Forecaster, StopRule, forecast_history, stop_reason, target_compute
 from scalerl_jax.scaling.live import LiveForecast
@@ -120,59 +121,69 @@ def test_forecasts_narrow_with_compute_and_cover_the_true_ceiling(background):
     assert sum(final_held) >= 7, final_held  # 10 at 90 %: 7 or more with probability 0.99
 
 
-def test_warm_start_gives_the_cold_posterior():
-    """Starting the chains at an earlier fit's medians changes where they start, not what they sample."""
+@pytest.fixture(scope="module")
+def table1_fit():
+    """One Table 1 row's 24 evals and a cold full fit of them (4 chains x 1,000 draws after 500 warm-up steps), shared
+    by the tests below that compare other ways of sampling the same posterior with it."""
     rows = _evals(0.61, 1.92, 2542.0, seed=7)
     c = np.array([r["device_hours"] for r in rows])
     r = np.array([r["val_reward"] for r in rows])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScalingFitWarning)
-        cold = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=1, num_samples=1000,
-                         num_chains=4)
-        warm = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=2, num_samples=1000,
-                         num_chains=4, init={"A": 0.6, "B": 2.0, "C_mid": 2500.0, "R0": 0.3, "dispersion": 2.0})
-    for k in ("A", "B"):
-        sc, sw = cold.summary()[k], warm.summary()[k]
-        # two samplers of one posterior differ by their Monte Carlo errors (tests/tolerances.py's statistical
-        # note): a mean's is sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS) (sd = width / 3.29);
-        # MC_SIGMAS of the two combined
-        ess = min(cold.ess[k], warm.ess[k])
-        width = sc["hi"] - sc["lo"]
-        assert sw["mean"] == pytest.approx(sc["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
-        assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
+        cold = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=1, **FULL)
+    return c, r, cold
 
 
-def test_a_refit_from_the_previous_fits_adaptation_gives_the_full_posterior():
+FULL = {"num_samples": 1000, "num_chains": 4}  # fit_bayes' default warm-up: min(num_samples, 500) steps
+
+
+def test_warm_start_gives_the_cold_posterior(table1_fit):
+    """Starting the chains at an earlier fit's medians changes where they start, not what they sample."""
+    c, r, cold = table1_fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScalingFitWarning)
+        warm = fit_bayes(c, r, None, n_prompts=N_PROMPTS, k_samples=K_SAMPLES, seed=2, **FULL,
+                         init={"A": 0.6, "B": 2.0, "C_mid": 2500.0, "R0": 0.3, "dispersion": 2.0})
+    _same_posterior(cold, warm)
+
+
+def _same_posterior(ref, other, keys=("A", "B")):
+    """Two samplers of one posterior differ by their Monte Carlo errors (tests/tolerances.py's statistical note): a
+    mean's is sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS) (sd = width / 3.29); MC_SIGMAS of the
+    two combined."""
+    for k in keys:
+        sr, so = ref.summary()[k], other.summary()[k]
+        ess = min(ref.ess[k], other.ess[k])
+        width = sr["hi"] - sr["lo"]
+        assert so["mean"] == pytest.approx(sr["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
+        assert (so["hi"] - so["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
+
+
+def test_a_refit_from_the_previous_fits_adaptation_gives_the_full_posterior(table1_fit):
     """The live forecast's cheap refit: the curve grew by one eval, and the chains start from the previous fit's
     medians, step sizes and mass matrices with a 15-step warm-up (which retunes the step size and keeps the mass
-    matrix). Its posterior is the one a full refit (200 adaptation steps from the identity) samples."""
-    rows = _evals(0.61, 1.92, 2542.0, seed=7)
-    c = np.array([r["device_hours"] for r in rows])
-    r = np.array([r["val_reward"] for r in rows])
-    fit = dict(n_prompts=N_PROMPTS, k_samples=K_SAMPLES, num_samples=1000, num_chains=4)
+    matrix). Its posterior is the one a full fit (500 adaptation steps from the identity) samples."""
+    c, r, full = table1_fit
+    fit = dict(n_prompts=N_PROMPTS, k_samples=K_SAMPLES, **FULL)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScalingFitWarning)
-        prev = fit_bayes(c[:-1], r[:-1], None, seed=1, num_warmup=200, **fit)
+        prev = fit_bayes(c[:-1], r[:-1], None, seed=3, **fit)
         init = {k: v["median"] for k, v in prev.summary().items()}
-        full = fit_bayes(c, r, None, seed=2, num_warmup=200, **fit)
-        warm = fit_bayes(c, r, None, seed=3, num_warmup=WARM_WARMUP, init=init, adaptation=prev.adaptation, **fit)
+        warm = fit_bayes(c, r, None, seed=4, init=init, adaptation=prev.adaptation,
+                         **{**fit, "num_warmup": WARM_WARMUP})
     assert WARM_WARMUP < 20  # numpyro's warm-up of fewer than 20 steps is one window: step size only
     np.testing.assert_allclose(warm.adaptation["inverse_mass_matrix"], prev.adaptation["inverse_mass_matrix"],
                                rtol=1e-6)  # kept (float32 round trip)
-    assert warm.num_divergences == 0 and max(warm.r_hat.values()) <= 1.05
-    for k in ("A", "B"):
-        sf, sw = full.summary()[k], warm.summary()[k]
-        # as test_warm_start_gives_the_cold_posterior: two samplers of one posterior differ by their Monte Carlo
-        # errors (a mean's sd / sqrt(ESS), a 5 % / 95 % quantile's 0.64 width / sqrt(ESS)), MC_SIGMAS of the two
-        ess = min(full.ess[k], warm.ess[k])
-        width = sf["hi"] - sf["lo"]
-        assert sw["mean"] == pytest.approx(sf["mean"], abs=MC_SIGMAS * np.sqrt(2) * width / 3.29 / np.sqrt(ess))
-        assert (sw["hi"] - sw["lo"]) == pytest.approx(width, rel=MC_SIGMAS * 2 * 0.64 / np.sqrt(ess))
-    # an adaptation of another model variant (R0 fixed: one site fewer) is not used
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ScalingFitWarning)
-        other = fit_bayes(c, r, 0.3, seed=4, num_warmup=WARM_WARMUP, adaptation=prev.adaptation, **fit)
-    assert other.adaptation["inverse_mass_matrix"].shape == (4, prev.adaptation["inverse_mass_matrix"].shape[1] - 1)
+    assert max(warm.r_hat.values()) <= 1.05  # the chains agree (a healthy fit; 1.01 is the warning's threshold)
+    _same_posterior(full, warm)
+    # an adaptation is used only by the model variant and chain count it was made for: R0 fixed samples one site
+    # fewer, and 2 chains are not 4
+    for R0, chains in ((0.3, 4), (None, 2)):
+        prep = _prepare(c, r, R0, N_PROMPTS, K_SAMPLES, None, 0.0)
+        step, inv = _start_adaptation(prep, prev.adaptation, chains)
+        assert np.all(step == 1.0) and np.all(inv == 1.0) and inv.shape[0] == chains
+    step, inv = _start_adaptation(_prepare(c, r, None, N_PROMPTS, K_SAMPLES, None, 0.0), prev.adaptation, 4)
+    np.testing.assert_array_equal(inv, prev.adaptation["inverse_mass_matrix"])
 
 
 def baseline_refits(out_dir: str) -> dict:

@@ -144,8 +144,12 @@ def run_study(roots: list[Path], *, fit_until: float = 0.5, compute_key: str = "
     for rec, members in recipes.items():
         if len(members) < 2:
             continue
-        res = another_seed({m: curves[m] for m in members}, {m: posteriors[curves[m].name] for m in members},
-                           {m: fit_window(curves[m], fit_until)[0] for m in members}, interval=INTERVAL)
+        try:
+            res = another_seed({m: curves[m] for m in members}, {m: posteriors[curves[m].name] for m in members},
+                               {m: fit_window(curves[m], fit_until)[0] for m in members}, interval=INTERVAL)
+        except ValueError as e:  # no shared eval step, or a seed without val_n / val_k beside one with them
+            print(f"[calibration] {rec}: another seed's interval not estimated: {e}", file=sys.stderr)
+            continue
         for m, r in res["runs"].items():
             rows[names[m]].update(seed_sd=res["spread"], width_seed=r["width"], other_finals=len(r["others"]),
                                   other_finals_in_seed_band=r["inside"])

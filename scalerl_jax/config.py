@@ -533,7 +533,8 @@ class ForecastConfig:
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
     num_warmup: int = 200  # NUTS adaptation steps of a full refit (the first, and any after an unhealthy one)
     #: adaptation steps of a refit that starts from the previous healthy refit's step sizes and mass matrices
-    #: (below 20: numpyro retunes the step size only); 0: every refit runs the full num_warmup
+    #: (5-19 steps: numpyro's warm-up is then one window that retunes the step size and keeps the mass matrix); 0:
+    #: every refit runs the full num_warmup
     warm_warmup: int = 15
     #: skip an eval's refit while the refits so far took more CPU time than this share of the run's wall time (the
     #: refit process runs at low priority on the CPU, never on the accelerators: on a loaded machine its refits wait
@@ -551,8 +552,9 @@ class ForecastConfig:
 
     def __post_init__(self) -> None:
         _check(self.min_evals >= 3, f"ForecastConfig.min_evals must be >= 3 (a 3-parameter law), got {self.min_evals}")
-        _check(self.warm_warmup == 0 or 5 <= self.warm_warmup <= self.num_warmup,
-               f"ForecastConfig.warm_warmup must be 0 (off) or in [5, num_warmup], got {self.warm_warmup}")
+        _check(self.warm_warmup == 0 or 5 <= self.warm_warmup <= 19,
+               "ForecastConfig.warm_warmup must be 0 (off) or 5-19 (a warm-up of 20 or more steps re-estimates the "
+               f"mass matrix from a short window), got {self.warm_warmup}")
         _check(self.num_chains >= 1 and self.num_samples >= 10 and self.num_warmup >= 10,
                "ForecastConfig: need num_chains >= 1, num_samples >= 10 and num_warmup >= 10, got "
                f"{self.num_chains}, {self.num_samples}, {self.num_warmup}")

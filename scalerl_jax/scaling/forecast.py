@@ -64,11 +64,14 @@ class Forecaster:
         num_samples, num_chains, num_warmup, seed: NUTS settings of a full fit (the first refit, the baseline's).
         warm_warmup: warm-up steps of a refit that starts from the previous refit's adapted step sizes and mass
             matrices (below 20: the step size is retuned, the mass matrix kept; see ``fit_bayes(adaptation=)``),
-            used when that refit was healthy (no divergence, R-hat <= ``WARM_RHAT_MAX``); None or 0: every refit
-            runs the full ``num_warmup``.
+            used when that refit was healthy (no divergence, R-hat <= ``WARM_RHAT_MAX``) and the curve has not
+            grown past ``WARM_GROWTH`` times the evals of the last fully adapted refit (the posterior narrows as
+            evals arrive, and a kept mass matrix would fit it less and less); None or 0: every refit runs the full
+            ``num_warmup``.
     """
 
     WARM_RHAT_MAX = 1.05  # the previous refit's worst R-hat up to which its adaptation is reused
+    WARM_GROWTH = 2.0  # a full adaptation again once the evals have doubled since the last one
 
     def __init__(self, run_dir, *, compute_key: str = "device_hours", min_evals: int = 5, baseline=None,
                  num_samples: int = 500, num_chains: int = 4, num_warmup: int = 300, seed: int = 0,
@@ -77,6 +80,7 @@ class Forecaster:
         self.nuts = {"num_samples": int(num_samples), "num_chains": int(num_chains), "num_warmup": int(num_warmup)}
         self.warm_warmup = int(warm_warmup or 0)
         self._adapt: dict | None = None  # the previous healthy refit's adaptation, for the next refit
+        self._adapted_on = 0  # evals of the last refit adapted from scratch
         self.seed = int(seed)
         self.baseline_dir = None if baseline is None else Path(baseline)
         self._baseline: tuple[int, SigmoidPosterior] | None = None  # (evals it was fitted on, posterior)
@@ -137,13 +141,16 @@ class Forecaster:
         if not math.isfinite(target):
             target = compute
         warm = self._init is not None
-        adapt = self._adapt if self.warm_warmup else None
+        n = int(curve.compute.size)
+        adapt = self._adapt if self.warm_warmup and n <= self.WARM_GROWTH * self._adapted_on else None
         post, notes = self._fit(curve, self._init, self.seed + 2 + self.n_fits, adapt)
+        if adapt is None:
+            self._adapted_on = n
         self.n_fits += 1
         s = post.summary()
         self._init = {k: v["median"] for k, v in s.items()}
         r_hat_max = max(post.r_hat.values(), default=float("nan"))
-        healthy = post.num_divergences == 0 and r_hat_max <= self.WARM_RHAT_MAX
+        healthy = post.num_divergences == 0 and (post.num_chains < 2 or r_hat_max <= self.WARM_RHAT_MAX)
         self._adapt = post.adaptation if healthy else None  # an unhealthy refit: the next one adapts from scratch
         row: dict = {"kind": "forecast", "step": step, "n_evals": int(curve.compute.size),
                      "compute_key": self.compute_key, "compute": compute, "target_compute": target,

@@ -531,7 +531,7 @@ class ForecastConfig:
     compute_key: Literal["device_hours", "flops"] = "device_hours"
     num_samples: int = 300  # NUTS draws per chain of each refit
     num_chains: int = 4  # NUTS chains (r-hat needs more than one)
-    num_warmup: int = 200  # NUTS adaptation steps of a full refit (the first, and any after an unhealthy one)
+    num_warmup: int = 200  # NUTS adaptation steps of a full refit (the first; after an unhealthy one; evals doubled)
     #: adaptation steps of a refit that starts from the previous healthy refit's step sizes and mass matrices
     #: (5-19 steps: numpyro's warm-up is then one window that retunes the step size and keeps the mass matrix); 0:
     #: every refit runs the full num_warmup

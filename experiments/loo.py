@@ -78,7 +78,9 @@ class LooArgs:
     preset: Annotated[str, tyro.conf.arg(metavar="NAME")] = "tiny"
     """size preset of every run (one of those listed above)"""
     seeds: int = 1
-    """seeds per variant (0..N-1)"""
+    """seeds per variant (FIRST_SEED..FIRST_SEED+N-1)"""
+    first_seed: Annotated[int, tyro.conf.arg(metavar="FIRST_SEED")] = 0
+    """the first seed: more seeds of a recipe studied earlier, without running the earlier ones again"""
     variants: Annotated[tuple[VariantName, ...], tyro.conf.arg(metavar="VARIANT [VARIANT ...]")] = (
         "scalerl", *LOO_VARIANTS)
     """runs to make and compare: ScaleRL and its leave-one-out swaps, or any of the variants"""
@@ -124,14 +126,16 @@ def parse_runs(argv: list[str], prog: str = "python -m experiments.loo") -> tupl
     ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     ap.add_argument("--variants", nargs="+", default=["scalerl", *LOO_VARIANTS])
     ap.add_argument("--seeds", default="1")
+    ap.add_argument("--first-seed", default="0")
     preset, _, _ = first_pass(argv, PRESETS, prog)
     first, _ = ap.parse_known_args(argv)
     seeds = int(first.seeds) if first.seeds.isdigit() else 1
+    first_seed = int(first.first_seed) if first.first_seed.isdigit() else 0
     variants = [v for v in first.variants if v in VARIANTS] or ["scalerl"]
     description = f"{__doc__}\n\n{preset_help(PRESETS, VARIANTS, LOO_VARIANTS)}"
     args, plans = None, {}
     for variant in variants:
-        for seed in range(max(seeds, 1)):
+        for seed in range(first_seed, first_seed + max(seeds, 1)):
             plan = build_plan(preset or "tiny", variant, seed=seed)
             args = parse_cli(LooArgs, LooArgs(preset=preset or "tiny", exp=plan.exp), argv, prog=prog,
                              description=description)
@@ -166,6 +170,9 @@ def _keep(run_dir: Path, store: Path, commit: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command line (``--help``); returns the exit status."""
     args, plans = parse_runs(list(sys.argv[1:] if argv is None else argv))
+    if args.first_seed < 0 or args.seeds < 1:
+        cli_error("python -m experiments.loo", f"--seeds is a count of at least 1 and --first-seed a seed >= 0, got "
+                  f"--seeds {args.seeds} --first-seed {args.first_seed}")
     if not 0 < args.fit_until <= 1:
         cli_error("python -m experiments.loo", f"--fit-until is a fraction of each run's compute in (0, 1], got "
                   f"{args.fit_until}")
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dirs = []
     t0 = time.time()
     for variant in args.variants:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             run_dir = out / f"{variant}_s{seed}"
             run_dirs.append(run_dir)
             plan = plans[variant, seed]

@@ -182,6 +182,16 @@ def test_loo_rejects_a_bad_override_before_running_anything(tmp_path, capsys):
     assert "--fit-until is a fraction" in capsys.readouterr().err
 
 
+def test_first_seed_plans_later_seeds_only(tmp_path, capsys):
+    """--first-seed 5 --seeds 2 adds seeds 5 and 6 of a recipe (each run's config carries its seed), none earlier."""
+    args, plans = loo.parse_runs(["--preset", "tiny", "--variants", "scalerl", "--seeds", "2", "--first-seed", "5"])
+    assert sorted(plans) == [("scalerl", 5), ("scalerl", 6)]
+    assert [plans["scalerl", s].exp.train.seed for s in (5, 6)] == [5, 6]
+    with pytest.raises(SystemExit):
+        loo.main(["--preset", "tiny", "--variants", "scalerl", "--first-seed", "-1", "--out", str(tmp_path)])
+    assert "--first-seed a seed >= 0" in capsys.readouterr().err
+
+
 def test_over_seeds_averages_paired_draws_as_the_normal_formula_says():
     """Seed averages of independent normal posteriors: A_bar ~ N(mean of means, sqrt(sum var) / n), and
     P(A_bar_ref > A_bar_var) = Phi(d / sqrt(var_ref + var_var)) worked from those moments."""

@@ -11,9 +11,9 @@ own report) and its later evals are held against three 90 % intervals:
   narrow for evals by construction.
 - **eval**: the posterior predictive of one eval (``trust.predictive_band``): the mean curve's draws plus the eval's
   noise from the fit's own likelihood (over-dispersed binomial at ``val_n x val_k``, dispersion fitted).
-- **another seed** (recipes with 2 or more seeds in the study): the eval's interval widened by the recipe's
-  run-to-run spread, estimated from the seeds' first halves alone (``trust.seed_spread``); it is checked against the
-  *other* seeds' final evals, i.e. it answers "where would another seed of this recipe end".
+- **another seed** (recipes with 2 or more seeds in the study): the band of one eval of a new seed, from the pooled
+  fit of the recipe's *other* seeds' first halves (``trust.another_seed``, scaling/seeds.py), checked against the
+  left-out seed's final eval: it answers "where would another seed of this recipe end".
 
 Where misses come from, per run: the eval noise (binomial sd at the final eval; the fitted over-dispersion), drift
 between evals (lag-1 autocorrelation of the held-out evals' standardised residuals, and misses that come in runs on
@@ -131,7 +131,6 @@ def run_study(roots: list[Path], *, fit_until: float = 0.5, compute_key: str = "
         fit_runs([curves[r] for r in runs], tmp, fit_until=fit_until, compute_key=compute_key, seed=seed,
                  num_samples=num_samples,
                  num_chains=num_chains, make_plots=False, per_task=False, posteriors_out=posteriors)
-    fit_s = time.perf_counter() - t0
     rows = {}
     by_name = {curves[r].name: r for r in runs}
     for name, post in posteriors.items():
@@ -139,20 +138,23 @@ def run_study(roots: list[Path], *, fit_until: float = 0.5, compute_key: str = "
         mask, _ = fit_window(curves[r], fit_until)
         row = study_run(curves[r], mask, post)
         rows[names[r]] = {"recipe": recipe_of(r), **row}
-    # another seed: the recipe's run-to-run spread from its seeds' first halves only (trust.another_seed) widens
-    # each run's interval, held against the other seeds' final evals
+    # another seed: the seeds of a recipe fitted together (trust.another_seed), each seed's last eval held against
+    # the band of a new seed from the pooled fit of the *other* seeds' first halves
     for rec, members in recipes.items():
         if len(members) < 2:
             continue
         try:
-            res = another_seed({m: curves[m] for m in members}, {m: posteriors[curves[m].name] for m in members},
-                               {m: fit_window(curves[m], fit_until)[0] for m in members}, interval=INTERVAL)
-        except ValueError as e:  # no shared eval step, or a seed without val_n / val_k beside one with them
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = another_seed({m: curves[m] for m in members},
+                                   {m: fit_window(curves[m], fit_until)[0] for m in members}, interval=INTERVAL,
+                                   seed=seed, num_samples=num_samples, num_chains=num_chains)
+        except ValueError as e:  # seeds with and without eval sizes
             print(f"[calibration] {rec}: another seed's interval not estimated: {e}", file=sys.stderr)
             continue
         for m, r in res["runs"].items():
-            rows[names[m]].update(seed_sd=res["spread"], width_seed=r["width"], other_finals=len(r["others"]),
-                                  other_finals_in_seed_band=r["inside"])
+            rows[names[m]].update(width_seed=r["width"], seed_band=r["band"], final_in_seed_band=r["inside"])
+    fit_s = time.perf_counter() - t0
     return {"settings": {"fit_until": fit_until, "compute_key": compute_key, "num_samples": num_samples,
                          "num_chains": num_chains, "seed": seed, "roots": [str(x) for x in roots]},
             "fit_seconds": fit_s, "runs": rows, "pooled": pooled(rows)}
@@ -172,10 +174,10 @@ def pooled(rows: dict) -> dict:
         "misses_after_departure": sum(r["misses_after_departure"] for r in rows.values()),
         "misses_in_runs": sum(r["misses_in_runs"] for r in rows.values()),
     }
-    pairs = [r for r in rows.values() if "other_finals" in r]
-    if pairs:
-        out["seed_pairs"] = sum(r["other_finals"] for r in pairs)
-        out["seed_pairs_in"] = sum(r["other_finals_in_seed_band"] for r in pairs)
+    held = [r for r in rows.values() if "final_in_seed_band" in r]
+    if held:
+        out["seeds_left_out"] = len(held)
+        out["seeds_left_out_in"] = sum(r["final_in_seed_band"] for r in held)
     return out
 
 
@@ -183,12 +185,13 @@ def markdown(result: dict) -> str:
     rows, p = result["runs"], result["pooled"]
     f = lambda x, d=3: "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{d}f}"  # noqa: E731
     lines = ["| run | fit / held | held in mean-curve band | held in eval band | final (pred) | error | "
-             "final in eval band (width) | another seed: other finals in | binomial sd | dispersion | lag-1 z | "
+             "final in eval band (width) | final in a new seed's band, other seeds pooled (width) | "
+             "binomial sd | dispersion | lag-1 z | "
              "late bias | A at bound | left its law at | misses: in runs / after departure |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
-        seed = "-" if "other_finals" not in r else (
-            f"{r['other_finals_in_seed_band']} of {r['other_finals']} ({f(r['width_seed'])} wide)")
+        seed = "-" if "final_in_seed_band" not in r else (
+            f"{'yes' if r['final_in_seed_band'] else 'no'} ({f(r['width_seed'])} wide)")
         lines.append(
             f"| {name} | {r['n_fit']} / {r['n_held']} | {r['cover_mean']:.0%} | {r['cover_eval']:.0%} | "
             f"{f(r['final'])} ({f(r['final_pred'])}) | {r['final_err']:+.3f} | "
@@ -203,9 +206,9 @@ def markdown(result: dict) -> str:
               f"**{p['finals_in_eval']} of {p['runs']}** (eval band). Misses of the eval band: {p['misses']}, of which "
               f"{p['misses_in_runs']} next to another miss on the same side (drift) before any departure and "
               f"{p['misses_after_departure']} after the run left its law."]
-    if "seed_pairs" in p:
-        lines.append(f"Another seed: {p['seed_pairs_in']} of {p['seed_pairs']} (run, other seed of its recipe) "
-                     "pairs have the other seed's final eval inside the run's another-seed interval.")
+    if "seeds_left_out" in p:
+        lines.append(f"Another seed: {p['seeds_left_out_in']} of {p['seeds_left_out']} runs end inside the band of a "
+                     "new seed from the pooled fit of their recipe's other seeds' first halves.")
     return "\n".join(lines) + "\n"
 
 

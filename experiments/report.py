@@ -326,9 +326,9 @@ def _prediction_table(runs: dict, fit_until: float, compute_key: str) -> list[st
 
 
 def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: float) -> list[str]:
-    """Where another seed of a recipe would end: for a variant with two or more fitted seeds, the run-to-run spread
-    from the seeds' fit windows alone (``trust.seed_spread``) widens each run's 90 % interval of one eval; the table
-    says how many of the other seeds' last evals it holds (each at its own compute and eval size)."""
+    """Where another seed of a recipe would end: for a variant with two or more fitted seeds, the pooled fit of the
+    seeds' fit windows (``trust.another_seed``, scaling/seeds.py) gives a new seed's 90 % interval of one eval at
+    the end; each seed is checked against the band the other seeds' pooled fit gives at its own last compute."""
     from scalerl_jax.scaling.io import fit_window
     from scalerl_jax.scaling.trust import another_seed
 
@@ -340,21 +340,22 @@ def _another_seed_table(runs: dict, curves: dict, posteriors: dict, fit_until: f
     if not by_variant:
         return []
     lines = ["", "## Where another seed would end", "",
-             "Each run's 90 % interval of one eval at the end, widened by its recipe's run-to-run spread (estimated "
-             f"from the seeds' first {fit_until:.0%} alone: two seeds' curves differ by sd s), held against the other "
-             "seeds' last evals.", "",
-             "| run | s (two seeds) | another seed's end (90%) | other seeds' ends inside |", "|---|---|---|---|"]
+             f"The seeds' first {fit_until:.0%} fitted together, each seed's law drawn around the recipe's: a new "
+             "seed's 90 % interval of one eval at the seeds' last compute; then each seed left out in turn, its last "
+             "eval held against the band the other seeds' pooled fit gives at its compute.", "",
+             "| recipe / seed left out | a new seed's end (90%) | its last eval | inside |", "|---|---|---|---|"]
     for variant, names in by_variant.items():
         try:
-            res = another_seed({n: curves[n] for n in names}, {n: posteriors[n] for n in names},
-                               {n: fit_window(curves[n], fit_until)[0] for n in names})
-        except ValueError as e:  # e.g. seeds that share no eval step inside their windows
+            res = another_seed({n: curves[n] for n in names}, {n: fit_window(curves[n], fit_until)[0] for n in names})
+        except ValueError as e:  # e.g. seeds with and without eval sizes
             lines.append(f"| {variant} (seeds {', '.join(variant_seed(n)[1] for n in names)}) | not estimated: {e} "
                          "| | |")
             continue
+        p = res["pooled"]
+        lines.append(f"| {variant}: {len(names)} seeds pooled | [{p['band'][0]:.3f}, {p['band'][1]:.3f}] | | |")
         for n, r in res["runs"].items():
-            lo, hi = min(b[0] for b in r["bands"]), max(b[1] for b in r["bands"])
-            lines.append(f"| {n} | {res['spread']:.3f} | [{lo:.3f}, {hi:.3f}] | {r['inside']} of {len(r['others'])} |")
+            lines.append(f"| {n} left out | [{r['band'][0]:.3f}, {r['band'][1]:.3f}] | {r['final']:.3f} | "
+                         f"{'yes' if r['inside'] else 'no'} |")
     return lines
 
 

@@ -116,14 +116,21 @@ def _latent_sites(fit_r0: bool, counts: bool, fix_a: bool) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=32)
 def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_samples: int):
-    """A jitted NUTS run over a batch of lanes (data set x chain), each lane with its own data and adaptation.
+    """The jitted NUTS run of one model variant (:func:`build_runner`)."""
+    model = functools.partial(_model, fit_r0=fit_r0, counts=counts, fix_a=fix_a)
+    return build_runner(model, {s: () for s in _latent_sites(fit_r0, counts, fix_a)}, num_warmup, num_samples)
+
+
+def build_runner(model, site_shapes: dict, num_warmup: int, num_samples: int, target_accept: float = 0.9):
+    """A jitted NUTS run of ``model`` over a batch of lanes (data set x chain), each lane with its own data and
+    adaptation; ``site_shapes``: each latent site's shape (``()`` for a scalar); ``target_accept``: the step size's
+    adaptation target (higher: smaller steps, for posteriors with tight corners).
 
     numpyro's MCMC class vectorises chains over one data set; driving its functional kernel
     (``numpyro.infer.hmc.hmc``) under ``vmap`` instead lets many data sets (the calibration study,
     several runs) share one compiled sampler and one pass of the while-loops.
     """
-    model = functools.partial(_model, fit_r0=fit_r0, counts=counts, fix_a=fix_a)
-    sites = _latent_sites(fit_r0, counts, fix_a)
+    sites = tuple(site_shapes)
 
     def potential_fn_gen(*args):
         return lambda z: -_log_density(model, args, z)
@@ -131,8 +138,8 @@ def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_sample
     init_kernel, sample_kernel = hmc(potential_fn_gen=potential_fn_gen, algo="NUTS")
 
     def one_lane(key, z0, args, step_size, inv_mass):
-        state = init_kernel(z0, num_warmup, step_size=step_size, inverse_mass_matrix=inv_mass, target_accept_prob=0.9,
-                            model_args=args, rng_key=key)
+        state = init_kernel(z0, num_warmup, step_size=step_size, inverse_mass_matrix=inv_mass,
+                            target_accept_prob=target_accept, model_args=args, rng_key=key)
 
         def warm(state, _):
             return sample_kernel(state, model_args=args), None
@@ -153,8 +160,11 @@ def _runner(fit_r0: bool, counts: bool, fix_a: bool, num_warmup: int, num_sample
         # Uniform in [center - spread, center + spread] in the standardised unconstrained coordinates. A cold
         # start (center 0, spread 1.5) spreads the chains over the prior's bulk, so disagreeing chains show up
         # in r_hat instead of all starting at one point; a warm start centres them on an earlier fit's medians.
-        z0 = {s: center[s] + jax.vmap(lambda k: jax.random.uniform(k, (), minval=-1.0, maxval=1.0))(
-            z0_keys[:, i]) * spread for i, s in enumerate(sites)}
+        z0 = {}
+        for i, s in enumerate(sites):
+            shape = tuple(site_shapes[s])
+            u = jax.vmap(lambda k: jax.random.uniform(k, shape, minval=-1.0, maxval=1.0))(z0_keys[:, i])
+            z0[s] = center[s] + u * jnp.reshape(spread, (-1,) + (1,) * len(shape))
         return jax.vmap(one_lane)(keys, z0, args, step_size, inv_mass)
 
     return run

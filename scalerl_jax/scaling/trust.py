@@ -12,16 +12,17 @@ whether the run's later evals left the fitted law.
   below the run's best so far by more than the noise of two evals allows (``fall_z`` standard deviations, each eval
   counting its ``val_n`` prompts as its independent draws: wider than the binomial over ``val_n x val_k``, so a noisy
   curve does not set it off). :func:`departure` finds the first such eval; past it the extrapolation is not trusted.
-- **Another seed.** Where a second seed of the same recipe would end: :func:`seed_spread` estimates the run-to-run
-  spread from the seeds' fit windows alone, and :func:`another_seed` widens each run's interval of one eval by it and
-  holds it against the other seeds' last evals (the run reports' table and the calibration study use it).
+- **Another seed.** Where another seed of the same recipe would end: :func:`another_seed` fits the seeds' windows
+  together (scaling/seeds.py: each seed's law drawn around the recipe's) and holds each seed's last eval against
+  the band the *other* seeds' pooled fit gives for a new seed (the comparison report's table and the calibration
+  study use it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["a_bound", "another_seed", "departure", "predictive_band", "seed_spread"]
+__all__ = ["a_bound", "another_seed", "departure", "predictive_band"]
 
 #: A's interval counts as ending at the prior's bound when its upper end lies within this fraction of the prior's
 #: range (1 - R0) of 1
@@ -32,13 +33,10 @@ def _draws(post, name: str) -> np.ndarray:
     return np.asarray(post._param(name), dtype=float)
 
 
-def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0, max_samples: int = 4000,
-                    seed_sd: float | None = None):
+def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0, max_samples: int = 4000):
     """(lo, hi) of the posterior predictive of an eval at each ``compute``: the mean curve's draws plus one eval's
-    noise from the fit's likelihood (``nk``: the eval's ``val_n x val_k``, needed by the counts likelihood).
-
-    ``seed_sd``: the sd by which another seed's curve differs from this run's (:func:`seed_spread`); the band then
-    answers where an eval of another seed of the recipe would lie, not one of this run."""
+    noise from the fit's likelihood (``nk``: the eval's ``val_n x val_k``, needed by the counts likelihood). Where
+    another seed of the recipe would lie instead: :func:`another_seed`."""
     c = np.atleast_1d(np.asarray(compute, dtype=float))
     mu = post.curves(c, max_samples=max_samples)
     m = mu.shape[0]
@@ -53,8 +51,6 @@ def predictive_band(post, compute, nk=None, interval: float = 0.9, seed: int = 0
         sd = _draws(post, "sigma")[idx, None] * np.ones_like(mu)
     rng = np.random.default_rng(seed)
     draws = mu + sd * rng.standard_normal(mu.shape)
-    if seed_sd:
-        draws = draws + float(seed_sd) * rng.standard_normal(mu.shape)
     q = (1.0 - interval) / 2.0
     return np.quantile(draws, q, axis=0), np.quantile(draws, 1.0 - q, axis=0)
 
@@ -112,56 +108,49 @@ def departure(curve, fit_mask, post, *, consecutive: int = 3, fall_z: float = 4.
     return out
 
 
-def seed_spread(halves, late: float = 0.5) -> float:
-    """The sd by which two seeds' curves of one recipe differ, from their fit windows alone.
-
-    ``halves``: [(RunCurve, fit_mask)] of two or more seeds. At each step that every seed evaluated inside its window
-    (step > 0, the later ``late`` fraction of those steps: nearest the extrapolation), the seeds' rewards vary by
-    the run-to-run variance tau^2 plus each eval's sampling noise, bounded by p (1 - p) / (val_n val_k) (the
-    held-out prompts are the same for every seed, so the prompts' difficulty is not noise between seeds). tau^2 is
-    the mean over those steps of (sample variance - mean noise variance), floored at 0; two seeds' curves differ by
-    sqrt(2) tau, which is what is returned."""
-    if len(halves) < 2:
-        raise ValueError("seed_spread: needs the fit windows of two or more seeds")
-    per_seed = []
-    for curve, mask in halves:
-        m = np.asarray(mask, bool) & (curve.step > 0)
-        nk = (curve.val_n * curve.val_k)[m] if curve.val_n is not None else np.full(m.sum(), np.inf)
-        per_seed.append({int(s): (float(r), float(n)) for s, r, n in zip(curve.step[m], curve.reward[m], nk)})
-    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
-    if not steps:
-        raise ValueError("seed_spread: the seeds share no eval step inside their fit windows")
-    steps = steps[int(len(steps) * (1 - late)):] or steps[-1:]
-    excess = []
-    for s in steps:
-        r = np.array([d[s][0] for d in per_seed])
-        nk = np.array([d[s][1] for d in per_seed])
-        excess.append(np.var(r, ddof=1) - np.mean(r * (1 - r) / nk))
-    return float(np.sqrt(2.0 * max(float(np.mean(excess)), 0.0)))
+def _seed_data(curve, mask) -> dict:
+    m = np.asarray(mask, bool)
+    d = {"compute": curve.compute[m], "reward": curve.reward[m]}
+    if curve.val_n is not None and curve.val_k is not None:
+        d.update(n_prompts=curve.val_n[m], k_samples=curve.val_k[m])
+    return d
 
 
-def another_seed(curves: dict, posteriors: dict, masks: dict, interval: float = 0.9) -> dict:
-    """Where another seed of one recipe would end, for two or more seeds of it.
+def another_seed(curves: dict, masks: dict, interval: float = 0.9, *, seed: int = 0, num_samples: int = 500,
+                 num_chains: int = 4) -> dict:
+    """Where another seed of one recipe would end, from two or more seeds' fit windows (scaling/seeds.py).
 
-    ``curves``, ``posteriors``, ``masks``: per run name, its RunCurve, the posterior fitted on its fit window and that
-    window's mask. The run-to-run spread s comes from the fit windows alone (:func:`seed_spread`); each run's
-    interval of one eval (:func:`predictive_band` with ``seed_sd=s``) is taken at every other seed's last compute
-    and eval size and held against that seed's last eval. Returns ``{"spread": s, "runs": {name: {"others": [...],
-    "bands": [[lo, hi], ...], "finals": [...], "inside": k, "width": mean band width}}}``. Raises ValueError where
-    the spread cannot be estimated (:func:`seed_spread`: fewer than two seeds, or no shared eval step)."""
-    names = [n for n in curves if n in posteriors and n in masks]
-    spread = seed_spread([(curves[n], masks[n]) for n in names])
-    runs = {}
-    for n in names:
-        others = [o for o in names if o != n]
-        bands, finals = [], []
-        for o in others:
-            c = curves[o]
-            nk = None if c.val_n is None else c.val_n[-1:] * c.val_k[-1:]
-            lo, hi = predictive_band(posteriors[n], c.compute[-1:], nk=nk, interval=interval, seed_sd=spread)
-            bands.append([float(lo[0]), float(hi[0])])
-            finals.append(float(c.reward[-1]))
-        runs[n] = {"others": others, "bands": bands, "finals": finals,
-                   "inside": int(sum(lo <= f <= hi for (lo, hi), f in zip(bands, finals))),
-                   "width": float(np.mean([hi - lo for lo, hi in bands]))}
-    return {"spread": spread, "runs": runs}
+    ``curves``, ``masks``: per run name, its RunCurve and its fit window's mask. The pooled fit over every seed's
+    window gives the band of a new seed's eval at the seeds' last compute (``"pooled"``); each seed is then held
+    out in turn: the pooled fit over the *other* seeds' windows gives the band at the held-out seed's last compute
+    and eval size, held against its last eval (``"runs"``), so the check uses nothing of the seed it checks. Returns
+    ``{"pooled": {"seeds", "compute", "band", "sd_A"}, "runs": {name: {"compute", "band", "final", "inside",
+    "width"}}}``; ``sd_A``: the posterior median of the seeds' spread in logit((A - R0) / (1 - R0)). Raises
+    ValueError for fewer than two seeds, or seeds that disagree on having eval sizes (val_n, val_k)."""
+    from .seeds import fit_seeds_batch
+
+    names = [n for n in curves if n in masks]
+    if len(names) < 2:
+        raise ValueError("another_seed: needs the fit windows of two or more seeds")
+    data = {n: _seed_data(curves[n], masks[n]) for n in names}
+    if len({"n_prompts" in d for d in data.values()}) > 1:
+        raise ValueError("another_seed: some seeds have eval sizes (val_n, val_k) and some do not")
+
+    def nk_last(n):
+        c = curves[n]
+        return None if c.val_n is None or c.val_k is None else float(c.val_n[-1] * c.val_k[-1])
+
+    kw = dict(seed=seed, num_samples=num_samples, num_chains=num_chains)
+    (pooled,) = fit_seeds_batch([[data[n] for n in names]], **kw)
+    end = max(names, key=lambda n: curves[n].compute[-1])
+    lo, hi = pooled.new_seed_band(curves[end].compute[-1:], nk=nk_last(end), interval=interval)
+    out = {"pooled": {"seeds": names, "compute": float(curves[end].compute[-1]), "band": [float(lo[0]), float(hi[0])],
+                      "sd_A": float(np.median(pooled.samples["sd_A"]))}, "runs": {}}
+    held = fit_seeds_batch([[data[o] for o in names if o != n] for n in names], **kw)
+    for n, post in zip(names, held):
+        c = curves[n]
+        lo, hi = post.new_seed_band(c.compute[-1:], nk=nk_last(n), interval=interval)
+        final = float(c.reward[-1])
+        out["runs"][n] = {"compute": float(c.compute[-1]), "band": [float(lo[0]), float(hi[0])], "final": final,
+                          "inside": bool(lo[0] <= final <= hi[0]), "width": float(hi[0] - lo[0])}
+    return out

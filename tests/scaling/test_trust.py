@@ -12,7 +12,7 @@ import pytest
 from scalerl_jax.scaling.bayes import SigmoidPosterior
 from scalerl_jax.scaling.io import RunCurve, load_run
 from scalerl_jax.scaling.law import sigmoid_reward
-from scalerl_jax.scaling.trust import a_bound, another_seed, departure, predictive_band, seed_spread
+from scalerl_jax.scaling.trust import a_bound, departure, predictive_band
 from tests.conftest import ROOT
 
 Z90 = 1.6448536269514722  # the standard normal's 95 % quantile: a central 90 % band is mean +- Z90 sd
@@ -57,75 +57,6 @@ def test_predictive_band_is_the_eval_noise_around_a_known_curve():
     np.testing.assert_array_less(np.abs(hi_n - (mu + Z90 * 0.02)), 5 * se_n)
     with pytest.raises(ValueError, match="val_n x val_k"):
         predictive_band(_post(), c)
-
-
-def test_the_another_seed_band_adds_the_seed_spread_in_quadrature():
-    c, nk, tau = np.array([1.0, 4.0]), 800.0, 0.03
-    lo, hi = predictive_band(_post(), c, nk=nk, seed_sd=tau)
-    mu = _mu(c)
-    sd = np.sqrt(mu * (1 - mu) / nk + tau ** 2)  # two independent normals: variances add
-    se = math.sqrt(0.05 * 0.95 / BAND_DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * sd
-    np.testing.assert_array_less(np.abs(lo - (mu - Z90 * sd)), 5 * se)
-    np.testing.assert_array_less(np.abs(hi - (mu + Z90 * sd)), 5 * se)
-
-
-def test_another_seed_holds_each_run_against_the_other_seeds_last_evals_at_their_own_compute():
-    """Three seeds whose fit windows differ by known offsets (their spread worked by hand), each with the one-point
-    posterior above: each run's band for another seed is the eval noise at that seed's last compute and eval size
-    plus the spread in quadrature, and counts the other seeds' last evals inside it."""
-    c = np.linspace(0.0, 4.0, 11)
-    mask = c <= 2.0
-    n, k = 10**6, 1  # eval noise ~1e-4: the spread dominates and is read off the offsets exactly enough
-    offsets = {"s0": -0.04, "s1": 0.0, "s2": 0.04}
-    curves = {}
-    for name, d in offsets.items():
-        r = _mu(c) + np.where(c > 0, d, 0.0)
-        r[-1] = {"s0": _mu(c[-1]) - 0.3, "s1": _mu(c[-1]), "s2": _mu(c[-1]) + 0.01}[name]  # s0 ended far below
-        curves[name] = _curve(r, c, n=n, k=k)
-    posts = {name: _post() for name in curves}
-    res = another_seed(curves, posts, {name: mask for name in curves})
-    # the sample variance of (-0.04, 0, 0.04) is 0.0016 at every window step; seed_spread subtracts the mean eval
-    # noise r (1 - r) / (n k) over the seeds, at the later half of the window's steps after step 0 (c 1.2, 1.6, 2.0)
-    noise = np.mean([np.mean([(m + d) * (1 - m - d) for d in offsets.values()]) / (n * k) for m in _mu(c[3:6])])
-    assert res["spread"] == pytest.approx(math.sqrt(2 * (0.0016 - noise)), rel=1e-6)
-    sd = math.sqrt(_mu(c[-1]) * (1 - _mu(c[-1])) / (n * k) + res["spread"] ** 2)
-    se = math.sqrt(0.05 * 0.95 / BAND_DRAWS) / (math.exp(-Z90 ** 2 / 2) / math.sqrt(2 * math.pi)) * sd
-    for name, r in res["runs"].items():
-        assert r["others"] == [o for o in curves if o != name]
-        for lo, hi in r["bands"]:
-            assert abs(lo - (_mu(c[-1]) - Z90 * sd)) < 5 * se and abs(hi - (_mu(c[-1]) + Z90 * sd)) < 5 * se
-        # s0's last eval lies 0.3 below: outside every band (+-0.093); the others' inside
-        assert r["inside"] == sum(o != "s0" for o in r["others"])
-    with pytest.raises(ValueError, match="two or more seeds"):
-        another_seed({"s1": curves["s1"]}, posts, {"s1": mask})
-
-
-def test_seed_spread_recovers_the_run_to_run_sd_of_simulated_seeds():
-    """Seeds of one recipe: each follows the law shifted by its own offset (sd TAU) plus binomial eval noise on the
-    same prompts' counts; two seeds then differ by sqrt(2) TAU, which seed_spread estimates from the fit windows.
-    With 40 seeds the estimate's standard error is about sqrt(2) TAU / sqrt(2 x 39) ~ 0.16 TAU: 4 of them allowed.
-    With no offsets it finds (near) nothing: the sampling noise is subtracted."""
-    rng = np.random.default_rng(3)
-    tau, n, k, seeds = 0.03, 200, 4, 40
-    c = np.linspace(0.0, 4.0, 21)
-    mask = c <= 2.0
-
-    def seeds_with(sd):
-        out = []
-        for _ in range(seeds):
-            mu = np.clip(_mu(c) + sd * rng.standard_normal(), 0.01, 0.99)
-            r = rng.binomial(n * k, mu) / (n * k)
-            out.append((_curve(r, c, n=n, k=k), mask))
-        return out
-
-    est = seed_spread(seeds_with(tau))
-    assert abs(est - math.sqrt(2) * tau) < 4 * 0.16 * tau
-    # no offsets: tau^2's estimate is the mean over the window's later 5 steps of (sample variance - noise variance),
-    # whose sd is at most var x sqrt(2 / (seeds - 1)) / sqrt(5) with var <= 0.25 / (n k); 4 of those allowed
-    se_excess = 0.25 / (n * k) * math.sqrt(2 / (seeds - 1)) / math.sqrt(5)
-    assert seed_spread(seeds_with(0.0)) < math.sqrt(2 * 4 * se_excess)
-    with pytest.raises(ValueError, match="two or more seeds"):
-        seed_spread(seeds_with(tau)[:1])
 
 
 def test_a_at_the_prior_bound_is_named_and_an_inner_ceiling_is_not():

@@ -272,15 +272,16 @@ def test_compare_averages_seeds_and_scores_half_compute_predictions(background):
             assert abs(float(cells[4])) <= float(cells[6]) + PRINTED, cells
     assert "| scalerl | 2 |" in text and "| gspo | 2 |" in text
     # where another seed would end: the two seeds of each recipe fitted together give a new seed's band at the end,
-    # which holds both seeds' last evals (their truths 0.01 apart, noise 0.005); each seed left out is held against
-    # the band of the other seed's fit alone (one seed: the spread is the prior's, a wide band)
+    # which holds both seeds' last evals (their truths 0.01 apart, noise 0.005) and is no wider than the prior's 90 %
+    # spread of ceilings allows (0.82 in logit((A - R0) / (1 - R0)): +-0.12 in A at A 0.8 from R0 0.3, +-0.15 at the
+    # steepest); each seed left out is held against the band of the other seed's fit alone (its spread the prior's)
     rows = [[c.strip() for c in r.split("|")] for r in seeds_part.splitlines() if r.startswith("| ")]
     pooled = {cells[1].split(":")[0]: cells for cells in rows if "seeds pooled" in cells[1]}
     left = {cells[1].split()[0]: cells for cells in rows if cells[1].endswith(" left out") and "_s" in cells[1]}
     assert set(pooled) == {"scalerl", "gspo"} and set(left) == {d.name for d in dirs}
     for name, cells in left.items():
         lo, hi = (float(x) for x in pooled[name.rsplit("_s", 1)[0]][2].strip("[]").split(","))
-        assert lo <= float(cells[3]) <= hi and hi - lo < 0.1, (name, cells, lo, hi)
+        assert lo <= float(cells[3]) <= hi and hi - lo < 0.3, (name, cells, lo, hi)
         assert float(cells[3]) == pytest.approx(last[name], abs=PRINTED)
     assert sum(cells[4] == "yes" for cells in left.values()) >= 3, left
 

@@ -4,17 +4,18 @@ One seed's posterior says where *that* run goes; a user comparing two recipes ne
 and seeds of one recipe differ (another warm start, other samples, another order of batches). The pooled fit
 treats each seed's curve as the ScaleRL law with its own parameters drawn around the recipe's:
 
-- per seed s: logit((A_s - R0_s) / (1 - R0_s)) = mu_A + sd_A e_A,s; log B_s = log 1.5 + (mu_B + sd_B e_B,s);
-  log C_mid,s = c0 + w (mu_C + sd_C e_C,s), with e ~ Normal(0, 1) (non-centred) and c0, w the centre and width of
-  the seeds' pooled compute range as in ``fit_bayes``; R0_s ~ Uniform(0, 1), pinned by each seed's step-0 eval.
-- the recipe: mu_A ~ Logistic(0, 1) (for one seed, A ~ Uniform(R0, 1) as in ``fit_bayes``), mu_B, mu_C ~ Normal(0,
-  1); the seeds' spread sd_A ~ HalfNormal(1) (logit units), sd_B ~ HalfNormal(0.5), sd_C ~ HalfNormal(0.5).
+- per seed s: logit((A_s - R0_s) / (1 - R0_s)) = mu_A + sd_A e_A,s; log C_mid,s = c0 + w (mu_C + sd_C e_C,s), with
+  e ~ Normal(0, 1) (non-centred) and c0, w the centre and width of the seeds' pooled compute range as in
+  ``fit_bayes``; R0_s ~ Uniform(0, 1), pinned by each seed's step-0 eval; B shared: log B = log 1.5 + z_B.
+- the recipe: mu_A ~ Logistic(0, 1) (for one seed, A ~ Uniform(R0, 1) as in ``fit_bayes``), z_B, mu_C ~ Normal(0,
+  1); the seeds' spread sd_A ~ HalfNormal(0.5) (logit units), sd_C ~ HalfNormal(0.5) (units of w), weakly
+  informative: two or three seeds cannot bound a spread by themselves.
 - each eval: ``fit_bayes``'s likelihood (over-dispersed binomial at the eval's ``val_n x val_k``, or a fitted
   normal sigma; consecutive evals' standardised residuals an AR(1)), its dispersion and rho shared by the seeds
   (one recipe, one validation set).
 
 Another seed's eval at compute c (:meth:`SeedsPosterior.new_seed_band`): for each posterior draw, a new seed's
-e_A, e_B, e_C drawn from the recipe's spread, R0 that of a seed drawn from those fitted, its curve at c plus one
+e_A, e_C drawn from the recipe's spread, R0 that of a seed drawn from those fitted, its curve at c plus one
 eval's noise. With few seeds the spread is uncertain and the band says so: the spread's posterior, not a point
 estimate of it, widens the band.
 """
@@ -38,9 +39,13 @@ from .law import sigmoid_reward
 
 __all__ = ["SeedsPosterior", "fit_seeds", "fit_seeds_batch"]
 
-SD_A_PRIOR = 1.0  # the seeds' spread in logit((A - R0) / (1 - R0))
-SD_B_PRIOR = 0.5  # in units of log B's prior sd (1)
-SD_C_PRIOR = 0.5  # in units of log C_mid's prior width
+# The seeds' spread, weakly informative. Two seeds' curves differed by sd 0.02 (tiny), 0.04-0.05 (small) and 0.12-0.19
+# (tiny_chain) in the first halves of this project's stored studies (docs/results/calibration.md), RECIPE.md's
+# by +-0.015 in A: about 0.1-0.9 in logit((A - R0) / (1 - R0)). HalfNormal(0.5) has its median at 0.34 and 90 % of
+# its mass below 0.82; two or three seeds hardly bound a spread by themselves, so the prior matters there.
+SD_A_PRIOR = 0.5
+# In units of C_mid's prior width w (>= 2 in log C): HalfNormal(0.5), 90 % below 0.82 w
+SD_C_PRIOR = 0.5
 START_SPREAD = 0.5  # chains start uniformly within +-0.5 of the start point in unconstrained coordinates
 
 

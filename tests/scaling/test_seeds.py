@@ -133,7 +133,12 @@ def seeds_fits(recipes: int = 40, seeds: int = 3, another: bool = True) -> dict:
             "another_seed": res, "law_end": float(_law([4.0 * C_MID])[0])}
 
 
-@pytest.mark.background("scaling_seeds", ["tests/scaling/_seeds_check.py"])
+SEEDS_CHECK = [pytest.mark.extended,  # 80 pooled fits and 40 single ones: minutes of CPU, run by CI beside the suite
+               pytest.mark.background("scaling_seeds", ["tests/scaling/_seeds_check.py"])]
+
+
+@SEEDS_CHECK[0]
+@SEEDS_CHECK[1]
 def test_the_pooled_fit_covers_unseen_seeds_and_one_seeds_fit_does_not(background):
     """40 simulated recipes whose seeds differ as the pooled model assumes: a new seed's 90 % band from three seeds'
     first halves holds an unseen seed's last eval at about its nominal rate; one seed's own band (the run's law, no
@@ -147,7 +152,8 @@ def test_the_pooled_fit_covers_unseen_seeds_and_one_seeds_fit_does_not(backgroun
     assert out["r_hat_above_1.1"] <= 3 and out["divergences"] <= 0.02 * out["draws"]
 
 
-@pytest.mark.background("scaling_seeds", ["tests/scaling/_seeds_check.py"])
+@SEEDS_CHECK[0]
+@SEEDS_CHECK[1]
 def test_another_seed_leaves_each_seed_out_of_the_fit_that_checks_it(background):
     """Three seeds of one law, the first one's last eval collapsed to 0.2: the pooled band of a new seed holds the
     law's end; each seed is checked against the band of the other two seeds' pooled fit at its own last compute:

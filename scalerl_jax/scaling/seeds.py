@@ -37,7 +37,7 @@ from . import bayes
 from .checks import ScalingFitWarning
 from .law import sigmoid_reward
 
-__all__ = ["SeedsPosterior", "fit_seeds", "fit_seeds_batch"]
+__all__ = ["SeedsPosterior", "fit_seeds_batch"]
 
 # The seeds' spread, weakly informative. Two seeds' curves differed by sd 0.02 (tiny), 0.04-0.05 (small) and 0.12-0.19
 # (tiny_chain) in the first halves of this project's stored studies (docs/results/calibration.md), RECIPE.md's
@@ -216,7 +216,3 @@ def fit_seeds_batch(groups: list[list[dict]], *, seed: int = 0, num_samples: int
         out.append(post)
     return out
 
-
-def fit_seeds(curves: list[dict], **kw) -> SeedsPosterior:
-    """The pooled fit of one recipe's seeds (:func:`fit_seeds_batch` with one group)."""
-    return fit_seeds_batch([curves], **kw)[0]

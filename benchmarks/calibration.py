@@ -1,7 +1,8 @@
 """The calibration study: how often the first half's intervals hold the rest of a run, over every stored run.
 
     python -m benchmarks.calibration                       # every run under results/ (a folder with metrics.jsonl)
-    python -m benchmarks.calibration results/calibration_tiny runs/my_run --md docs/results/calibration.md
+    python -m benchmarks.calibration results/calibration_tiny runs/my_run --json study.json
+    python -m benchmarks.calibration results --held-out results/calibration_tiny_heldout
 
 Each run is fitted on its first ``--fit-until`` of compute (``fit_runs``, the path of ``scalerl_jax.fit`` and the run's
 own report) and its later evals are held against three 90 % intervals:
@@ -20,6 +21,10 @@ between evals (lag-1 autocorrelation of the held-out evals' standardised residua
 one side), the law's shape late in the run (the signed error growing over the second half), the prior's bound (A's
 interval ending at 1) and a departure from the law (``trust.departure``). Runs are grouped into recipes by folder and
 name without the ``_s<seed>`` suffix. Fits run in one vectorised NUTS batch: minutes for a few dozen runs on 2 cores.
+
+The pooled table has a row per study folder and one for all runs; ``--held-out FOLDER ...`` names the folders whose
+runs were made after the model and its settings were fixed and played no part in choosing them (they are studied
+with the rest, and pooled again on their own line): coverage on those is the study's unbiased measure.
 """
 
 from __future__ import annotations
@@ -181,7 +186,39 @@ def pooled(rows: dict) -> dict:
     return out
 
 
-def markdown(result: dict) -> str:
+def folder_of(name: str) -> str:
+    """The study folder of a row (``<folder>/<run>``)."""
+    return name.split("/", 1)[0]
+
+
+def pooled_table(result: dict, held_out: list[str] = ()) -> str:
+    """One pooled row per study folder, one over the folders held out of every choice (``held_out``), one over all."""
+    rows = result["runs"]
+    groups: dict[str, dict] = {}
+    for name, r in rows.items():
+        groups.setdefault(folder_of(name), {})[name] = r
+    lines = ["| runs | held-out evals | in the mean curve's band | in one eval's interval | the same, before a run "
+             "left its law | last evals inside (eval interval) | left-out seed's end inside a new seed's band |",
+             "|---|---|---|---|---|---|---|"]
+
+    def line(label: str, sub: dict) -> str:
+        p = pooled(sub)
+        before = sum(r["held_before_departure"] for r in sub.values())
+        seeds = f"{p['seeds_left_out_in']} of {p['seeds_left_out']}" if "seeds_left_out" in p else "-"
+        return (f"| {label} | {p['held_out_evals']} | {p['cover_mean']:.1%} | {p['cover_eval']:.1%} | "
+                f"{p['cover_eval_before_departure']:.1%} ({before} evals) | {p['finals_in_eval']} of {p['runs']} | "
+                f"{seeds} |")
+
+    for folder, sub in groups.items():
+        lines.append(line(f"{folder} ({len(sub)} runs){', held out' if folder in held_out else ''}", sub))
+    if held_out:
+        sub = {n: r for n, r in rows.items() if folder_of(n) in held_out}
+        lines.append(line(f"**held out of every choice: {len(sub)} runs**", sub))
+    lines.append(line(f"**all {len(rows)} runs**", rows))
+    return "\n".join(lines) + "\n"
+
+
+def markdown(result: dict, held_out: list[str] = ()) -> str:
     rows, p = result["runs"], result["pooled"]
     f = lambda x, d=3: "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{d}f}"  # noqa: E731
     lines = ["| run | fit / held | held in mean-curve band | held in eval band | final (pred) | error | "
@@ -209,7 +246,7 @@ def markdown(result: dict) -> str:
     if "seeds_left_out" in p:
         lines.append(f"Another seed: {p['seeds_left_out_in']} of {p['seeds_left_out']} runs end inside the band of a "
                      "new seed from the pooled fit of their recipe's other seeds' first halves.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + pooled_table(result, held_out)
 
 
 def main(argv=None) -> int:
@@ -220,10 +257,24 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-until", type=float, default=0.5, help="fraction of each run's compute fitted (0.5)")
     ap.add_argument("--compute-key", default="flops", choices=("flops", "device_hours"))
     ap.add_argument("--num-samples", type=int, default=500, help="NUTS draws per chain (500)")
+    ap.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="FOLDER",
+                    help="study folders made after the model was fixed (studied too, and pooled on their own line)")
     ap.add_argument("--json", type=Path, default=None, help="write every row as JSON here")
     a = ap.parse_args(argv)
-    res = run_study(a.roots, fit_until=a.fit_until, compute_key=a.compute_key, num_samples=a.num_samples)
-    print(markdown(res))
+    for h in a.held_out:
+        if not h.is_dir():
+            ap.error(f"--held-out {h}: not a folder")
+    roots = list(a.roots) + [h for h in a.held_out if all(h.resolve() != r.resolve() and r.resolve() not in
+                                                          h.resolve().parents for r in a.roots)]
+    res = run_study(roots, fit_until=a.fit_until, compute_key=a.compute_key, num_samples=a.num_samples)
+    held = [h.resolve().name for h in a.held_out]
+    res["held_out"] = held
+    if a.held_out:
+        sub = {n: r for n, r in res["runs"].items() if folder_of(n) in held}
+        if not sub:
+            ap.error(f"--held-out: no studied run lies in {', '.join(map(str, a.held_out))}")
+        res["pooled_held_out"] = pooled(sub)
+    print(markdown(res, held))
     print(f"[calibration] {len(res['runs'])} runs fitted in {res['fit_seconds']:.0f} s", file=sys.stderr)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1, default=float))

@@ -335,6 +335,41 @@ def test_in_flight_weight_update_sequence(real):
         assert len(v) == 40 and v[0] == 0 and v[-1] == 7 and v == sorted(v), v  # old prefix, new suffix
 
 
+def test_a_push_gets_through_while_paused_generation_holds_every_pooled_connection(real):
+    """Generation paused in place keeps its /generate calls open until the push's continue, and those calls can hold
+    every connection of the client's generation pool (client-side interruption's second round doubles the calls in
+    flight over ``concurrency``). The push's pause, update and continue must not wait for one of them: on one shared
+    pool the push waited for a connection while the calls holding them waited for its continue, and a run hung. Here
+    the pool's every connection carries a /generate call into a paused engine; the push still lands, the calls
+    finish after its continue, answered under the new version."""
+    url, ckpt_b = real
+    with SGLangGenerator(url, timeout_s=120, concurrency=1) as gen:
+        gen.generate([GenerationRequest([3, 12], SamplingParams(max_new_tokens=2))])  # compile before pausing
+        n_conn = gen.generate_connections  # the generation pool's size
+        assert httpx.post(url + "/pause_generation", json={"mode": "in_place"}).status_code == 200
+        before = stats(url)["generate_requests"]
+        body = generate_payload([4, 13, 5], SamplingParams(max_new_tokens=4))
+        out: list = []
+        calls = [threading.Thread(target=lambda: out.append(gen._http.post(url + "/generate", json=body)))
+                 for _ in range(n_conn)]
+        for t in calls:
+            t.start()
+        # every pooled connection now carries a call the paused engine holds
+        wait_until(lambda: stats(url)["generate_requests"] - before >= n_conn, START_S, lambda: stats(url), 0.05)
+        pushed: dict = {}
+        push = threading.Thread(target=lambda: pushed.setdefault("r", gen.update_weights(str(ckpt_b), 8)))
+        push.start()
+        push.join(timeout=100)  # a hang guard: on one shared pool it waits out the client's 120 s pool timeout
+        assert not push.is_alive() and "r" in pushed, "the push waited for a connection held by paused generation"
+        for t in calls:
+            t.join(timeout=START_S)
+        assert gen.weight_version == 8 and len(out) == n_conn
+    assert all(r.status_code == 200 for r in out)
+    assert all(r.json()["meta_info"]["weight_version"] == "8" for r in out)
+    assert [e["event"] for e in stats(url)["events"]][-3:] == [
+        "pause_generation", "update_weights_from_disk", "continue_generation"]
+
+
 def _in_flight(url: str) -> bool:
     s = httpx.get(url + "/stats").json()
     return s["generate_requests"] > s["engine_batches"] + s["aborted_requests"]

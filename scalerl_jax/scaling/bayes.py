@@ -77,7 +77,14 @@ def _model(logc, positive, reward, mask, nk, kk, r0_fixed, a_fixed, logc_loc, lo
     log_cmid = logc_loc + logc_scale * z_c
     numpyro.deterministic("C_mid", jnp.exp(log_cmid))
     frac = jnp.where(positive, jax.nn.sigmoid(b * (logc - log_cmid)), 0.0)
-    mu = r0 + (a - r0) * frac
+    eval_likelihood(r0 + (a - r0) * frac, reward, mask, nk, rho_max, counts=counts)
+    del kk  # k enters only through the interpretation of the dispersion d = 1 + (k - 1) rho
+
+
+def eval_likelihood(mu, reward, mask, nk, rho_max, *, counts: bool) -> None:
+    """The evals around their mean curve ``mu`` (any leading axes; evals along the last): the eval noise (an
+    over-dispersed binomial at ``nk`` draws, or one normal sigma) and the AR(1) of consecutive evals' residuals,
+    shared by this module's model and the seeds' pooled one (scaling/seeds.py)."""
     if counts:
         log_d = numpyro.sample("log_disp", dist.HalfNormal(LOG_DISP_PRIOR_SCALE))
         numpyro.deterministic("dispersion", jnp.exp(log_d))
@@ -97,7 +104,6 @@ def _model(logc, positive, reward, mask, nk, kk, r0_fixed, a_fixed, logc_loc, lo
     scale = sd * jnp.where(after, jnp.sqrt(1.0 - rho**2), 1.0)
     with numpyro.handlers.mask(mask=mask):
         numpyro.sample("obs", dist.Normal(loc, scale), obs=reward)
-    del kk  # k enters only through the interpretation of the dispersion d = 1 + (k - 1) rho
 
 
 _SITES_COMMON = ("z_B", "z_C")

@@ -65,23 +65,7 @@ def _model(logc, positive, reward, mask, nk, logc_loc, logc_scale, *, counts):
     log_cmid = logc_loc + logc_scale * (mu_c + sd_c * e[1])
     numpyro.deterministic("C_mid", jnp.exp(log_cmid))
     frac = jnp.where(positive, jax.nn.sigmoid(b[:, None] * (logc - log_cmid[:, None])), 0.0)
-    mu = r0[:, None] + (a - r0)[:, None] * frac
-    if counts:
-        log_d = numpyro.sample("log_disp", dist.HalfNormal(bayes.LOG_DISP_PRIOR_SCALE))
-        numpyro.deterministic("dispersion", jnp.exp(log_d))
-        sd = jnp.sqrt(jnp.maximum(mu * (1.0 - mu), 1.0 / nk) / nk * jnp.exp(log_d))
-    else:
-        sd = numpyro.sample("sigma", dist.HalfNormal(bayes.SIGMA_PRIOR_SCALE)) * jnp.ones_like(mu)
-    rho = numpyro.deterministic("rho", bayes.RHO_MAX * numpyro.sample(
-        "rho_u", dist.Beta(bayes.RHO_PRIOR[0], bayes.RHO_PRIOR[1])))
-    z = (reward - mu) / sd
-    after = (jnp.arange(z.shape[-1]) > 0)[None, :]
-    z_prev = jnp.concatenate([jnp.zeros_like(z[:, :1]), z[:, :-1]], axis=-1)
-    loc = mu + jnp.where(after, rho * sd * z_prev, 0.0)
-    scale = sd * jnp.where(after, jnp.sqrt(1.0 - rho**2), 1.0)
-    with numpyro.handlers.mask(mask=mask):
-        numpyro.sample("obs", dist.Normal(loc, scale), obs=reward)
-
+    bayes.eval_likelihood(r0[:, None] + (a - r0)[:, None] * frac, reward, mask, nk, bayes.RHO_MAX, counts=counts)
 
 def _site_shapes(counts: bool, n_seeds: int) -> dict:
     shapes = {"mu_A": (), "sd_A": (), "z_B": (), "mu_C": (), "sd_C": (), "e": (2, n_seeds),

@@ -151,8 +151,13 @@ class SGLangGenerator(WeightUpdates):
         self._update_epoch = 0  # bumped when one finishes
         self._rr = itertools.count()
         self._rng = np.random.default_rng(seed)
-        self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s)),
-                                  limits=httpx.Limits(max_connections=self.concurrency + 8))
+        timeout = httpx.Timeout(self.timeout_s, connect=min(5.0, self.timeout_s))
+        # /generate calls: up to 2 x concurrency in flight (client-side interruption's second round has its own pool)
+        self.generate_connections = 2 * self.concurrency + 8
+        self._http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=self.generate_connections))
+        # control calls (pause, update, continue, versions, workers) on connections of their own: generation paused
+        # in place holds its connections until the push's continue, which must never wait for one of them
+        self._ctl_http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=None))
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client")
         self._pool2 = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sglang-client-round2")
         self.stats: dict[str, int] = {
@@ -169,6 +174,7 @@ class SGLangGenerator(WeightUpdates):
         for pool in (self._pool, self._pool2):
             pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+        self._ctl_http.close()
         for pool in (self._pool, self._pool2):
             pool.shutdown(wait=True)
 
@@ -254,7 +260,7 @@ class SGLangGenerator(WeightUpdates):
 
     def _get_json(self, url: str) -> Any:
         """GET ``url``; its JSON, or None for any status but 200 (raises httpx.HTTPError when unreachable)."""
-        r = self._http.get(url, timeout=10.0)
+        r = self._ctl_http.get(url, timeout=10.0)
         if r.status_code != 200:
             return None
         try:

@@ -49,7 +49,7 @@ class WeightVersionMismatch(GenerationError):
 class WeightUpdates:
     """Mixin of :class:`~scalerl_jax.rollout.client.sglang.SGLangGenerator`: weight pushes, per-worker versions and
     the fleet's devices. It uses the client's ``urls``, ``control_urls``, ``timeout_s``, ``pause_mode``,
-    ``dead_cooldown_s``, ``_http``, ``_lock``, ``_version``, ``_updating``, ``_update_epoch``, ``_routers``,
+    ``dead_cooldown_s``, ``_ctl_http``, ``_lock``, ``_version``, ``_updating``, ``_update_epoch``, ``_routers``,
     ``router_workers``, ``server_caps``, ``_get_json`` and ``_mark_dead``; :meth:`_init_weights` sets its own state.
     """
 
@@ -114,7 +114,7 @@ class WeightUpdates:
         return list(dict.fromkeys(targets))
 
     def _control(self, url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self._http.post(f"{url}{route}", json=body, timeout=self.timeout_s)
+        r = self._ctl_http.post(f"{url}{route}", json=body, timeout=self.timeout_s)
         try:
             out = r.json()
         except ValueError:

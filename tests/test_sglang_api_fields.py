@@ -457,9 +457,20 @@ def _wait_generating(url: str, since: int, chunks: int = 2, timeout_s: float = 6
     wait_until(lambda: _chunks(url) >= since + chunks, timeout_s, "the requests never started", 0.02)
 
 
-def test_update_on_a_release_without_pause_modes_resends_aborted_requests(fresh_srv):
+def _greedy_under(params, req, c) -> bool:
+    try:
+        assert_greedy_against_model(params, tiny(), req.prompt_ids, c.token_ids, c.logprobs)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_update_on_a_release_without_pause_modes_resends_aborted_requests(fresh_srv, params_a):
     """0.5.3: pause aborts in-flight requests. They are re-sent without counting as retries (max_retries=0 still
-    completes them); their tokens are tagged with the version at submit time, never the newer one."""
+    completes them) and run again from scratch on the new weights; their tokens are tagged with the version at
+    submit time, never the newer one. A request that ended before the pause arrived (a loaded machine can be that
+    slow: 48 tokens take 1.2 s) keeps what the old weights gave it: every request is greedy under exactly one of the
+    two checkpoints, and those under the new one are the re-sent ones."""
     url, ckpt_b = fresh_srv
     v0 = _version(url)
     px = ReleaseProxy(url, "0.5.3")
@@ -479,7 +490,13 @@ def test_update_on_a_release_without_pause_modes_resends_aborted_requests(fresh_
         assert "flush_cache" not in px.bodies["/update_weights_from_disk"][0]
         assert stats["resent_aborted"] >= 1 and stats["retries"] == 0
         params_b = load_hf_checkpoint(ckpt_b)[0]
-        _check_greedy(params_b, reqs, out["r"])  # the re-sent requests ran on the new weights, from scratch
+        on_b = 0
+        for req, (c,) in zip(reqs, out["r"]):
+            assert len(c.token_ids) == 48  # no stop ids: ignore_eos, to max_new_tokens
+            under = (_greedy_under(params_a, req, c), _greedy_under(params_b, req, c))
+            assert sum(under) == 1, f"{req.request_id}: greedy under old {under[0]}, new {under[1]}: not one model"
+            on_b += under[1]
+        assert on_b == stats["resent_aborted"]  # the re-sent requests ran on the new weights, from scratch
         assert all(c.versions == [v0] * 48 for cs in out["r"] for c in cs)  # conservative: v0 <= v0 + 7
     finally:
         px.close()

@@ -98,7 +98,7 @@ def eval_likelihood(mu, reward, mask, nk, rho_max, *, counts: bool) -> None:
     # independent ones, and the curve's parameters are as uncertain as that makes them.
     rho = numpyro.deterministic("rho", rho_max * numpyro.sample("rho_u", dist.Beta(RHO_PRIOR[0], RHO_PRIOR[1])))
     z = (reward - mu) / sd
-    after = jnp.arange(z.shape[-1]) > 0
+    after = jnp.broadcast_to(jnp.arange(z.shape[-1]) > 0, z.shape)
     z_prev = jnp.concatenate([jnp.zeros_like(z[..., :1]), z[..., :-1]], axis=-1)
     loc = mu + jnp.where(after, rho * sd * z_prev, 0.0)
     scale = sd * jnp.where(after, jnp.sqrt(1.0 - rho**2), 1.0)
